@@ -1,0 +1,47 @@
+// The data service (penstock-data): chunk I/O on targets, declared once. Chunk bytes travel in the
+// frame's bulk segment, never inside these messages. Method numbers are wire format.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/proto/method.h"
+#include "common/proto/types.h"
+
+namespace penstock::proto::data {
+
+// Which chunk: a target holds chunks of many inodes, keyed by (inode, chunk index). chunk_size is
+// the file's layout chunk size; an offset+length past it is kInvalid.
+struct ChunkKey {
+  ChainId chain; TargetId target; InodeId ino; uint64_t chunk_index = 0; uint32_t chunk_size = 0;
+  PENSTOCK_FIELDS(chain, target, ino, chunk_index, chunk_size);
+};
+
+// Write the request's bulk bytes at `offset` in the chunk. Checksums are computed and stored per
+// block; the response is sent only once the bytes are written (kNoSpace when the disk is full, and
+// then no existing byte of the chunk changed).
+struct WriteReq { ChunkKey key; uint32_t offset = 0; PENSTOCK_FIELDS(key, offset); };
+struct WriteResp { uint64_t chunk_length = 0; PENSTOCK_FIELDS(chunk_length); };
+
+// Read up to `length` bytes at `offset`. The response's bulk holds the bytes the chunk has there
+// (fewer at the end of the chunk, none for a missing chunk: the caller reads holes as zeros).
+// kCorrupt when a block's checksum does not match: never wrong bytes.
+struct ReadReq { ChunkKey key; uint32_t offset = 0; uint32_t length = 0; PENSTOCK_FIELDS(key, offset, length); };
+struct ReadResp { uint32_t length = 0; PENSTOCK_FIELDS(length); };
+
+// Make the target's chunks of `ino` match a file of `size` bytes: chunks wholly past it are
+// removed, the chunk that holds the end is cut there.
+struct TruncateReq { TargetId target; InodeId ino; uint64_t size = 0; uint32_t chunk_size = 0; PENSTOCK_FIELDS(target, ino, size, chunk_size); };
+// Remove every chunk of `ino` on the target (a missing inode is fine: removal is idempotent).
+struct RemoveReq { TargetId target; InodeId ino; PENSTOCK_FIELDS(target, ino); };
+// Flush `ino`'s chunks on the target to stable storage (fsync).
+struct SyncReq { TargetId target; InodeId ino; PENSTOCK_FIELDS(target, ino); };
+
+using ServiceId = ::penstock::proto::ServiceId;
+PENSTOCK_METHOD(Write, ServiceId::kData, 1, WriteReq, WriteResp);
+PENSTOCK_METHOD(Read, ServiceId::kData, 2, ReadReq, ReadResp);
+PENSTOCK_METHOD(Truncate, ServiceId::kData, 3, TruncateReq, Empty);
+PENSTOCK_METHOD(Remove, ServiceId::kData, 4, RemoveReq, Empty);
+PENSTOCK_METHOD(Sync, ServiceId::kData, 5, SyncReq, Empty);
+
+}  // namespace penstock::proto::data

@@ -1,0 +1,134 @@
+// The metadata service (penstock-meta): every request and response, declared once.
+// Method numbers are wire format: append, never renumber. Errors travel as the frame's status code
+// (see common/base/status.h); each method notes the codes a caller must handle besides
+// kUnavailable/kTimeout/kProtocol/kInternal, which any call can return.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/proto/method.h"
+#include "common/proto/types.h"
+
+namespace penstock::proto::meta {
+
+inline constexpr uint32_t kMaxNameBytes = 255;
+inline constexpr uint32_t kMaxSymlinkBytes = 4095;
+inline constexpr uint32_t kMaxXattrValueBytes = 64 * 1024;
+
+// ---- sessions (one per mount) ----
+struct RegisterSessionReq { std::string client_name; std::string hostname; PENSTOCK_FIELDS(client_name, hostname); };
+struct RegisterSessionResp { SessionId session; uint64_t map_version = 0; int64_t lease_ns = 0; PENSTOCK_FIELDS(session, map_version, lease_ns); };
+struct SessionReq { SessionId session; PENSTOCK_FIELDS(session); };
+struct HeartbeatResp { uint64_t map_version = 0; PENSTOCK_FIELDS(map_version); };
+
+// ---- namespace ----
+struct LookupReq { InodeId parent; std::string name; PENSTOCK_FIELDS(parent, name); };
+struct AttrResp { InodeAttr attr; PENSTOCK_FIELDS(attr); };
+struct InodeReq { InodeId ino; PENSTOCK_FIELDS(ino); };
+
+// Bits of SetAttrReq::valid.
+enum SetAttrBits : uint32_t {
+  kSetMode = 1u << 0, kSetUid = 1u << 1, kSetGid = 1u << 2, kSetSize = 1u << 3,
+  kSetAtime = 1u << 4, kSetMtime = 1u << 5, kSetAtimeNow = 1u << 6, kSetMtimeNow = 1u << 7,
+};
+struct SetAttrReq {
+  InodeId ino; uint32_t valid = 0; uint32_t mode = 0; uint32_t uid = 0; uint32_t gid = 0;
+  uint64_t size = 0; int64_t atime_ns = 0; int64_t mtime_ns = 0; Caller caller;
+  PENSTOCK_FIELDS(ino, valid, mode, uid, gid, size, atime_ns, mtime_ns, caller);
+};
+
+// Create a regular file. With `session` set the file is also opened for that session (one round
+// trip for create+open). kExists when the name is taken (always: the kernel asks for O_EXCL semantics
+// through lookup first).
+struct CreateReq {
+  InodeId parent; std::string name; uint32_t mode = 0; Caller caller; SessionId session;
+  PENSTOCK_FIELDS(parent, name, mode, caller, session);
+};
+struct MknodReq { InodeId parent; std::string name; uint32_t mode = 0; uint64_t rdev = 0; Caller caller; PENSTOCK_FIELDS(parent, name, mode, rdev, caller); };
+struct MkdirReq { InodeId parent; std::string name; uint32_t mode = 0; Caller caller; PENSTOCK_FIELDS(parent, name, mode, caller); };
+struct NameReq { InodeId parent; std::string name; PENSTOCK_FIELDS(parent, name); };
+
+// Rename flags as in renameat2(2).
+enum RenameFlags : uint32_t { kRenameNoReplace = 1u << 0, kRenameExchange = 1u << 1 };
+struct RenameReq {
+  InodeId parent; std::string name; InodeId new_parent; std::string new_name; uint32_t flags = 0;
+  PENSTOCK_FIELDS(parent, name, new_parent, new_name, flags);
+};
+struct LinkReq { InodeId ino; InodeId new_parent; std::string new_name; PENSTOCK_FIELDS(ino, new_parent, new_name); };
+struct SymlinkReq { InodeId parent; std::string name; std::string target; Caller caller; PENSTOCK_FIELDS(parent, name, target, caller); };
+struct ReadlinkResp { std::string target; PENSTOCK_FIELDS(target); };
+
+// Directory listing in pages, in name order. `after` is the last name of the previous page (empty
+// for the first page); at most `max_entries` come back. With `plus`, each entry carries attributes.
+struct ReadDirReq { InodeId ino; std::string after; uint32_t max_entries = 0; bool plus = false; PENSTOCK_FIELDS(ino, after, max_entries, plus); };
+struct DirEntry { std::string name; InodeId ino; uint32_t mode = 0; std::optional<InodeAttr> attr; PENSTOCK_FIELDS(name, ino, mode, attr); };
+struct ReadDirResp { std::vector<DirEntry> entries; bool eof = false; PENSTOCK_FIELDS(entries, eof); };
+
+struct StatFsResp {
+  uint64_t total_bytes = 0; uint64_t free_bytes = 0; uint64_t total_inodes = 0; uint64_t used_inodes = 0;
+  uint32_t block_size = 0; uint32_t max_name = 0;
+  PENSTOCK_FIELDS(total_bytes, free_bytes, total_inodes, used_inodes, block_size, max_name);
+};
+
+// ---- xattrs (kNoData when missing; SetXattr flags as in setxattr(2): 1 CREATE, 2 REPLACE) ----
+struct GetXattrReq { InodeId ino; std::string name; PENSTOCK_FIELDS(ino, name); };
+struct GetXattrResp { std::string value; PENSTOCK_FIELDS(value); };
+struct SetXattrReq { InodeId ino; std::string name; std::string value; uint32_t flags = 0; PENSTOCK_FIELDS(ino, name, value, flags); };
+struct ListXattrResp { std::vector<std::string> names; PENSTOCK_FIELDS(names); };
+
+// ---- open files ----
+// Open/Release keep the per-session open count that keeps an unlinked file's chunks alive.
+struct OpenReq { InodeId ino; SessionId session; uint32_t flags = 0; PENSTOCK_FIELDS(ino, session, flags); };
+struct ReleaseReq { InodeId ino; SessionId session; PENSTOCK_FIELDS(ino, session); };
+// A client reports the end of what it wrote: size becomes max(size, `size`), mtime is set.
+struct ReportSizeReq { InodeId ino; uint64_t size = 0; int64_t mtime_ns = 0; PENSTOCK_FIELDS(ino, size, mtime_ns); };
+
+// ---- layouts ----
+struct LayoutResp { Layout layout; PENSTOCK_FIELDS(layout); };
+// Sets a directory's layout for files created in it from now on (kNotDir on a file).
+struct SetLayoutReq { InodeId ino; uint32_t chunk_size = 0; uint32_t stripe_count = 0; PENSTOCK_FIELDS(ino, chunk_size, stripe_count); };
+
+// ---- cluster ----
+struct ClusterMapResp { ClusterMap map; PENSTOCK_FIELDS(map); };
+struct TargetReport { std::string uuid; std::string path; uint64_t capacity_bytes = 0; uint64_t free_bytes = 0; PENSTOCK_FIELDS(uuid, path, capacity_bytes, free_bytes); };
+// A data server registers at start with a stable uuid per node and per target (kept in the target
+// directory); the meta server maps them to ids that never change.
+struct RegisterNodeReq { std::string node_uuid; std::string address; std::vector<TargetReport> targets; PENSTOCK_FIELDS(node_uuid, address, targets); };
+struct RegisterNodeResp { NodeId node; std::vector<TargetId> targets; uint64_t map_version = 0; PENSTOCK_FIELDS(node, targets, map_version); };
+struct NodeHeartbeatReq { NodeId node; std::vector<TargetReport> targets; PENSTOCK_FIELDS(node, targets); };
+
+using ServiceId = ::penstock::proto::ServiceId;
+PENSTOCK_METHOD(RegisterSession, ServiceId::kMeta, 1, RegisterSessionReq, RegisterSessionResp);
+PENSTOCK_METHOD(Heartbeat, ServiceId::kMeta, 2, SessionReq, HeartbeatResp);
+PENSTOCK_METHOD(CloseSession, ServiceId::kMeta, 3, SessionReq, Empty);
+PENSTOCK_METHOD(Lookup, ServiceId::kMeta, 10, LookupReq, AttrResp);
+PENSTOCK_METHOD(GetAttr, ServiceId::kMeta, 11, InodeReq, AttrResp);
+PENSTOCK_METHOD(SetAttr, ServiceId::kMeta, 12, SetAttrReq, AttrResp);
+PENSTOCK_METHOD(Create, ServiceId::kMeta, 13, CreateReq, AttrResp);
+PENSTOCK_METHOD(Mknod, ServiceId::kMeta, 14, MknodReq, AttrResp);
+PENSTOCK_METHOD(Mkdir, ServiceId::kMeta, 15, MkdirReq, AttrResp);
+PENSTOCK_METHOD(Unlink, ServiceId::kMeta, 16, NameReq, Empty);
+PENSTOCK_METHOD(Rmdir, ServiceId::kMeta, 17, NameReq, Empty);
+PENSTOCK_METHOD(Rename, ServiceId::kMeta, 18, RenameReq, Empty);
+PENSTOCK_METHOD(Link, ServiceId::kMeta, 19, LinkReq, AttrResp);
+PENSTOCK_METHOD(Symlink, ServiceId::kMeta, 20, SymlinkReq, AttrResp);
+PENSTOCK_METHOD(Readlink, ServiceId::kMeta, 21, InodeReq, ReadlinkResp);
+PENSTOCK_METHOD(ReadDir, ServiceId::kMeta, 22, ReadDirReq, ReadDirResp);
+PENSTOCK_METHOD(StatFs, ServiceId::kMeta, 23, Empty, StatFsResp);
+PENSTOCK_METHOD(GetXattr, ServiceId::kMeta, 30, GetXattrReq, GetXattrResp);
+PENSTOCK_METHOD(SetXattr, ServiceId::kMeta, 31, SetXattrReq, Empty);
+PENSTOCK_METHOD(ListXattr, ServiceId::kMeta, 32, InodeReq, ListXattrResp);
+PENSTOCK_METHOD(RemoveXattr, ServiceId::kMeta, 33, GetXattrReq, Empty);
+PENSTOCK_METHOD(Open, ServiceId::kMeta, 40, OpenReq, AttrResp);
+PENSTOCK_METHOD(Release, ServiceId::kMeta, 41, ReleaseReq, Empty);
+PENSTOCK_METHOD(ReportSize, ServiceId::kMeta, 42, ReportSizeReq, AttrResp);
+PENSTOCK_METHOD(GetLayout, ServiceId::kMeta, 50, InodeReq, LayoutResp);
+PENSTOCK_METHOD(SetLayout, ServiceId::kMeta, 51, SetLayoutReq, Empty);
+PENSTOCK_METHOD(GetClusterMap, ServiceId::kMeta, 60, Empty, ClusterMapResp);
+PENSTOCK_METHOD(RegisterNode, ServiceId::kMeta, 61, RegisterNodeReq, RegisterNodeResp);
+PENSTOCK_METHOD(NodeHeartbeat, ServiceId::kMeta, 62, NodeHeartbeatReq, HeartbeatResp);
+
+}  // namespace penstock::proto::meta

@@ -1,0 +1,72 @@
+// RpcClient: typed calls over a Channel. call<M>() blocks the calling thread until the reply or the
+// deadline; call_async<M>() returns at once and runs the callback on an I/O thread, which is how
+// the client library fans one request out to many data servers in parallel.
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <span>
+
+#include "common/net/transport.h"
+#include "common/proto/codec.h"
+#include "common/proto/method.h"
+
+namespace penstock::rpc {
+
+struct CallOptions {
+  std::span<const uint8_t> bulk_out;         // sent after the request; alive until completion
+  std::span<uint8_t> bulk_in;                // receives the response bulk; alive until completion
+  uint32_t* bulk_received = nullptr;         // if set, receives the response bulk length
+  std::chrono::milliseconds timeout{0};      // 0: the client's default
+};
+
+class RpcClient {
+ public:
+  RpcClient(std::shared_ptr<net::Channel> channel, std::chrono::milliseconds default_timeout)
+      : channel_(std::move(channel)), default_timeout_(default_timeout) {}
+
+  template <proto::RpcMethod M>
+  void call_async(const typename M::Request& req, const CallOptions& opts,
+                  std::function<void(Result<typename M::Response>)> done) {
+    net::OutgoingCall call;
+    call.service = M::kService;
+    call.method = M::kId;
+    call.message = proto::encode(req);
+    call.bulk_out = opts.bulk_out;
+    call.bulk_in = opts.bulk_in;
+    call.deadline = net::Clock::now() + (opts.timeout.count() > 0 ? opts.timeout : default_timeout_);
+    uint32_t* received = opts.bulk_received;
+    channel_->start_call(std::move(call), [done = std::move(done), received](Result<net::CallReply> r) {
+      if (!r.has_value()) {
+        done(std::move(r).error().with_context(std::string(M::kName)));
+        return;
+      }
+      if (received != nullptr) *received = r->bulk_len;
+      auto msg = proto::decode<typename M::Response>(std::span<const uint8_t>(
+          reinterpret_cast<const uint8_t*>(r->message.data()), r->message.size()));
+      if (!msg.has_value()) {
+        done(std::move(msg).error().with_context(std::string(M::kName) + " response"));
+        return;
+      }
+      done(std::move(msg).value());
+    });
+  }
+
+  template <proto::RpcMethod M>
+  Result<typename M::Response> call(const typename M::Request& req, const CallOptions& opts = {}) {
+    std::promise<Result<typename M::Response>> p;
+    auto f = p.get_future();
+    call_async<M>(req, opts, [&p](Result<typename M::Response> r) { p.set_value(std::move(r)); });
+    return f.get();
+  }
+
+  const std::shared_ptr<net::Channel>& channel() const { return channel_; }
+
+ private:
+  std::shared_ptr<net::Channel> channel_;
+  std::chrono::milliseconds default_timeout_;
+};
+
+}  // namespace penstock::rpc

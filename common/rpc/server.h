@@ -1,0 +1,85 @@
+// RpcServer: accepts TCP connections and dispatches requests to typed handlers.
+//
+// Each connection reads frames in a loop (many requests in flight per connection); each request
+// runs on a worker pool, so a handler may block on disk or RocksDB; responses are written back as
+// they complete, matched by request id, gathering header + message + bulk in one write.
+// Peer bytes are hostile: a malformed header or an undecodable message gets a kProtocol response
+// (when the request id is known) and the connection is closed; the server stays up. An unknown
+// method gets kNotSupported and the connection stays open.
+// Thread-safety: register handlers before start(); after that every method is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/base/result.h"
+#include "common/net/endpoint.h"
+#include "common/proto/codec.h"
+#include "common/proto/method.h"
+
+namespace penstock::rpc {
+
+// Per-request context handed to a handler.
+class RequestContext {
+ public:
+  RequestContext(std::span<const uint8_t> bulk_in, std::string peer)
+      : bulk_in_(bulk_in), peer_(std::move(peer)) {}
+  // The request's bulk bytes (valid during the handler call).
+  std::span<const uint8_t> bulk_in() const { return bulk_in_; }
+  // Bytes to send as the response's bulk segment; the handler fills it (no copy is made after).
+  std::vector<uint8_t>& bulk_out() { return bulk_out_; }
+  const std::string& peer() const { return peer_; }
+
+ private:
+  std::span<const uint8_t> bulk_in_;
+  std::vector<uint8_t> bulk_out_;
+  std::string peer_;
+};
+
+struct ServerOptions {
+  net::Endpoint listen{"127.0.0.1", 0};  // port 0: pick a free port (see port())
+  int io_threads = 1;
+  int worker_threads = 4;
+  uint32_t max_connections = 1024;
+};
+
+class RpcServer {
+ public:
+  // A raw handler: the encoded request in, the encoded response (or an error) out.
+  using RawHandler = std::function<Result<std::string>(std::span<const uint8_t> message, RequestContext& ctx)>;
+
+  explicit RpcServer(ServerOptions options);
+  ~RpcServer();  // stops
+  RpcServer(const RpcServer&) = delete;
+  RpcServer& operator=(const RpcServer&) = delete;
+
+  template <proto::RpcMethod M>
+  void handle(std::function<Result<typename M::Response>(const typename M::Request&, RequestContext&)> fn) {
+    add_handler(M::kService, M::kId, std::string(M::kName),
+                [fn = std::move(fn)](std::span<const uint8_t> msg, RequestContext& ctx) -> Result<std::string> {
+                  auto req = proto::decode<typename M::Request>(msg);
+                  if (!req.has_value()) return std::move(req).error().with_context(std::string(M::kName) + " request");
+                  auto resp = fn(*req, ctx);
+                  if (!resp.has_value()) return std::move(resp).error();
+                  return proto::encode(*resp);
+                });
+  }
+
+  // Binds and starts serving. kUnavailable naming the address when it cannot bind.
+  Status start();
+  // The bound port (useful with port 0). REQUIRES: start() succeeded.
+  uint16_t port() const;
+  // Stops accepting, closes connections, waits for running handlers. Idempotent.
+  void stop();
+
+ private:
+  void add_handler(proto::ServiceId service, uint16_t method, std::string name, RawHandler handler);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace penstock::rpc
