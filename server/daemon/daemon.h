@@ -1,0 +1,30 @@
+// What both daemons share: blocking SIGINT/SIGTERM before any thread starts, waiting for one,
+// turning a CLI11 parse into a clear exit, and the data/state directory checks.
+// Thread-safety: call block_termination_signals() from main() before starting threads.
+#pragma once
+
+#include <string>
+
+#include "common/base/result.h"
+
+namespace penstock::daemon {
+
+// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread (threads created later inherit the mask)
+// and ignores SIGPIPE, so that a peer closing a socket never kills the process.
+void block_termination_signals();
+
+// Waits until SIGINT or SIGTERM arrives; returns the signal's name for the log.
+std::string wait_for_termination_signal();
+
+// Creates `dir` (and parents) if missing and checks it is a writable directory.
+// kInvalid / kPermission / kIo with the path and what to do.
+Status ensure_directory(const std::string& dir);
+
+// Reads a one-line text file (e.g. a uuid); kNotFound when missing.
+Result<std::string> read_small_file(const std::string& path);
+// Writes a small file durably (write to .tmp, fsync, rename, fsync dir).
+Status write_small_file_durably(const std::string& path, const std::string& contents);
+// A new random 128-bit id as 32 hex digits.
+std::string random_uuid();
+
+}  // namespace penstock::daemon
