@@ -1,0 +1,620 @@
+#include "client/fuse/fuse_ops.h"
+
+#include <sys/statvfs.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "client/fuse/errno_map.h"
+#include "client/lib/layout_text.h"
+#include "common/base/log.h"
+
+namespace penstock::fuse {
+namespace {
+
+namespace meta = proto::meta;
+using client::Client;
+
+// ---- The consistency contract, in one place (DESIGN.md, "Consistency contract") ----
+// Namespace operations are immediately visible to all clients: the kernel may not reuse a dentry
+// without asking us again, and never caches "no such name" (no negative dentries).
+constexpr double kEntryTimeout = 0.0;
+constexpr double kNegativeTimeout = 0.0;
+// Close-to-open and size authority at the meta server: attributes (above all the size another host
+// reported at close) are fetched again each time the kernel needs them.
+constexpr double kAttrTimeout = 0.0;
+// Close-to-open: the page cache of a file is dropped at every open, so an open after another
+// host's close() reads that host's bytes. (The writeback cache stays off: see op_init.)
+constexpr bool kKeepCache = false;
+
+constexpr uint32_t kMaxWrite = 1u << 20;
+
+// An open regular file. Immutable after open except the size hint.
+struct FileHandle {
+  InodeId ino;
+  proto::Layout layout;
+  std::atomic<uint64_t> size_hint{0};  // the size known at open (or after our own truncate)
+};
+
+// An open directory: FUSE offsets of the last batch of entries handed to the kernel, mapped to the
+// entry names that continue a ReadDir after them.
+struct DirHandle {
+  InodeId ino;
+  std::mutex mu;                                  // leaf lock; never held across RPC or reply
+  std::unordered_map<off_t, std::string> cursor;  // guarded by mu
+};
+
+Client& client_of(fuse_req_t req) { return *static_cast<MountState*>(fuse_req_userdata(req))->client; }
+
+FileHandle* file_of(const fuse_file_info* fi) { return reinterpret_cast<FileHandle*>(fi->fh); }
+DirHandle* dir_of(const fuse_file_info* fi) { return reinterpret_cast<DirHandle*>(fi->fh); }
+
+proto::Caller caller_of(fuse_req_t req) {
+  const fuse_ctx* ctx = fuse_req_ctx(req);
+  return proto::Caller{static_cast<uint32_t>(ctx->uid), static_cast<uint32_t>(ctx->gid)};
+}
+
+// The ONE place where a Status becomes an errno: it sends the reply (ok sends "success, no data").
+void reply_status(fuse_req_t req, const Status& st, const char* op, fuse_ino_t ino) {
+  const int err = errno_of(st.code());
+  if (err != 0) {
+    switch (st.code()) {
+      case Code::kNotFound:
+      case Code::kExists:
+      case Code::kNoData:
+      case Code::kRange:
+      case Code::kNotEmpty:
+        PENSTOCK_LOG(Debug) << op << " inode " << ino << ": " << st.to_string();
+        break;
+      case Code::kUnavailable:
+        PENSTOCK_LOG(Warn) << op << " inode " << ino << " fails with EIO because a server is unreachable: "
+                           << st.to_string();
+        break;
+      default:
+        PENSTOCK_LOG(Info) << op << " inode " << ino << " fails with errno " << err << ": " << st.to_string();
+    }
+  }
+  fuse_reply_err(req, err);
+}
+
+timespec to_timespec(int64_t ns) {
+  timespec ts{};
+  int64_t sec = ns / 1'000'000'000;
+  int64_t rem = ns % 1'000'000'000;
+  if (rem < 0) {
+    rem += 1'000'000'000;
+    --sec;
+  }
+  ts.tv_sec = static_cast<time_t>(sec);
+  ts.tv_nsec = static_cast<long>(rem);
+  return ts;
+}
+
+int64_t to_ns(const timespec& ts) { return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec; }
+
+struct stat to_stat(const proto::InodeAttr& a) {
+  struct stat st {};
+  st.st_ino = a.ino.value;
+  st.st_mode = a.mode;
+  st.st_nlink = a.nlink;
+  st.st_uid = a.uid;
+  st.st_gid = a.gid;
+  st.st_rdev = a.rdev;
+  st.st_size = static_cast<off_t>(a.size);
+  // Large preferred I/O size: cp and friends size their buffers from it (a full FUSE write).
+  st.st_blksize = kMaxWrite;
+  st.st_blocks = static_cast<blkcnt_t>((a.size + 511) / 512);
+  st.st_atim = to_timespec(a.atime_ns);
+  st.st_mtim = to_timespec(a.mtime_ns);
+  st.st_ctim = to_timespec(a.ctime_ns);
+  return st;
+}
+
+fuse_entry_param to_entry(const proto::InodeAttr& a) {
+  fuse_entry_param e{};
+  e.ino = a.ino.value;
+  e.generation = 0;  // inode numbers are never reused by the meta server
+  e.attr = to_stat(a);
+  e.attr_timeout = kAttrTimeout;
+  e.entry_timeout = kEntryTimeout;
+  return e;
+}
+
+void reply_entry(fuse_req_t req, const Result<proto::InodeAttr>& r, const char* op, fuse_ino_t ino) {
+  if (!r.has_value()) return reply_status(req, r.error(), op, ino);
+  fuse_entry_param e = to_entry(*r);
+  fuse_reply_entry(req, &e);
+}
+
+void reply_attr(fuse_req_t req, const Result<proto::InodeAttr>& r, const char* op, fuse_ino_t ino) {
+  if (!r.has_value()) return reply_status(req, r.error(), op, ino);
+  struct stat st = to_stat(*r);
+  fuse_reply_attr(req, &st, kAttrTimeout);
+}
+
+// getxattr/listxattr size semantics: size 0 asks for the length; a smaller buffer is ERANGE.
+void reply_xattr_bytes(fuse_req_t req, const std::string& value, size_t size, const char* op, fuse_ino_t ino) {
+  if (size == 0) {
+    fuse_reply_xattr(req, value.size());
+  } else if (size < value.size()) {
+    reply_status(req, Status(Code::kRange, "value of " + std::to_string(value.size()) +
+                                               " bytes does not fit a buffer of " + std::to_string(size)),
+                 op, ino);
+  } else {
+    fuse_reply_buf(req, value.data(), value.size());
+  }
+}
+
+// ---- ops ----
+
+void op_init(void* userdata, fuse_conn_info* conn) {
+  (void)userdata;
+  auto want_if_offered = [conn](unsigned cap) {
+    if ((conn->capable & cap) != 0) conn->want |= cap;
+  };
+  want_if_offered(FUSE_CAP_ASYNC_READ);
+  want_if_offered(FUSE_CAP_PARALLEL_DIROPS);
+  want_if_offered(FUSE_CAP_READDIRPLUS);
+  want_if_offered(FUSE_CAP_READDIRPLUS_AUTO);
+  want_if_offered(FUSE_CAP_SPLICE_READ);  // write_buf copies from the pipe into our buffer
+  // Drop the page cache when the size or mtime changes under us (another host wrote).
+  want_if_offered(FUSE_CAP_AUTO_INVAL_DATA);
+  // The writeback cache would keep written bytes (and the size) in this kernel past close():
+  // close-to-open and "write errors at fsync/close" need every write to reach us. O_TRUNC comes
+  // as setattr(size) so one path truncates. The kernel clears suid/sgid on write itself.
+  conn->want &= ~(FUSE_CAP_WRITEBACK_CACHE | FUSE_CAP_ATOMIC_O_TRUNC | FUSE_CAP_HANDLE_KILLPRIV);
+  conn->max_write = kMaxWrite;
+  PENSTOCK_LOG(Info) << "FUSE protocol " << conn->proto_major << "." << conn->proto_minor
+                     << ", kernel offers 0x" << std::hex << conn->capable << ", agreed 0x" << conn->want
+                     << std::dec << " (async_read " << ((conn->want & FUSE_CAP_ASYNC_READ) != 0)
+                     << ", parallel_dirops " << ((conn->want & FUSE_CAP_PARALLEL_DIROPS) != 0)
+                     << ", readdirplus " << ((conn->want & FUSE_CAP_READDIRPLUS) != 0)
+                     << ", splice_read " << ((conn->want & FUSE_CAP_SPLICE_READ) != 0)
+                     << ", auto_inval_data " << ((conn->want & FUSE_CAP_AUTO_INVAL_DATA) != 0)
+                     << ", writeback_cache 0), max_write " << conn->max_write << ", max_read "
+                     << conn->max_read << ", max_readahead " << conn->max_readahead;
+}
+
+void op_destroy(void* userdata) {
+  auto* state = static_cast<MountState*>(userdata);
+  PENSTOCK_LOG(Info) << "FUSE session ends; closing the meta session";
+  state->client->shutdown();
+}
+
+void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  auto r = client_of(req).lookup(InodeId(parent), name);
+  if (!r.has_value() && r.error().code() == Code::kNotFound && kNegativeTimeout > 0) {
+    fuse_entry_param e{};
+    e.ino = 0;  // a negative entry
+    e.entry_timeout = kNegativeTimeout;
+    fuse_reply_entry(req, &e);
+    return;
+  }
+  reply_entry(req, r, "lookup", parent);
+}
+
+// We keep no per-inode state the kernel's lookup count protects: nothing to drop.
+void op_forget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
+void op_forget_multi(fuse_req_t req, size_t, fuse_forget_data*) { fuse_reply_none(req); }
+
+void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  reply_attr(req, client_of(req).getattr(InodeId(ino)), "getattr", ino);
+}
+
+void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
+  Client& c = client_of(req);
+  const proto::Caller caller = caller_of(req);
+  std::optional<proto::InodeAttr> result;
+  if ((to_set & FUSE_SET_ATTR_SIZE) != 0) {
+    auto r = c.truncate(InodeId(ino), static_cast<uint64_t>(attr->st_size), caller);
+    if (!r.has_value()) return reply_status(req, r.error(), "truncate", ino);
+    if (fi != nullptr && fi->fh != 0) file_of(fi)->size_hint.store(r->size);
+    result = std::move(r).value();
+  }
+  meta::SetAttrReq sa;
+  sa.ino = InodeId(ino);
+  sa.caller = caller;
+  if ((to_set & FUSE_SET_ATTR_MODE) != 0) {
+    sa.valid |= meta::kSetMode;
+    sa.mode = attr->st_mode;
+  }
+  if ((to_set & FUSE_SET_ATTR_UID) != 0) {
+    sa.valid |= meta::kSetUid;
+    sa.uid = attr->st_uid;
+  }
+  if ((to_set & FUSE_SET_ATTR_GID) != 0) {
+    sa.valid |= meta::kSetGid;
+    sa.gid = attr->st_gid;
+  }
+  // The kernel sets ATIME together with ATIME_NOW for "now" (utimensat UTIME_NOW, touch).
+  if ((to_set & FUSE_SET_ATTR_ATIME_NOW) != 0) {
+    sa.valid |= meta::kSetAtimeNow;
+  } else if ((to_set & FUSE_SET_ATTR_ATIME) != 0) {
+    sa.valid |= meta::kSetAtime;
+    sa.atime_ns = to_ns(attr->st_atim);
+  }
+  if ((to_set & FUSE_SET_ATTR_MTIME_NOW) != 0) {
+    sa.valid |= meta::kSetMtimeNow;
+  } else if ((to_set & FUSE_SET_ATTR_MTIME) != 0) {
+    sa.valid |= meta::kSetMtime;
+    sa.mtime_ns = to_ns(attr->st_mtim);
+  }
+  if (sa.valid != 0) {
+    auto r = c.setattr(sa);
+    if (!r.has_value()) return reply_status(req, r.error(), "setattr", ino);
+    result = std::move(r).value();
+  }
+  if (!result) {
+    // Only bits the meta server derives itself (ctime): report the current attributes.
+    return reply_attr(req, c.getattr(InodeId(ino)), "setattr", ino);
+  }
+  struct stat st = to_stat(*result);
+  fuse_reply_attr(req, &st, kAttrTimeout);
+}
+
+void op_readlink(fuse_req_t req, fuse_ino_t ino) {
+  auto r = client_of(req).readlink(InodeId(ino));
+  if (!r.has_value()) return reply_status(req, r.error(), "readlink", ino);
+  fuse_reply_readlink(req, r->c_str());
+}
+
+void op_mknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+  reply_entry(req, client_of(req).mknod(InodeId(parent), name, mode, rdev, caller_of(req)), "mknod", parent);
+}
+
+void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  reply_entry(req, client_of(req).mkdir(InodeId(parent), name, mode, caller_of(req)), "mkdir", parent);
+}
+
+void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  reply_status(req, client_of(req).unlink(InodeId(parent), name), "unlink", parent);
+}
+
+void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  reply_status(req, client_of(req).rmdir(InodeId(parent), name), "rmdir", parent);
+}
+
+void op_symlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
+  reply_entry(req, client_of(req).symlink(InodeId(parent), name, link, caller_of(req)), "symlink", parent);
+}
+
+void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent, const char* newname,
+               unsigned int flags) {
+  uint32_t wire = 0;
+  if ((flags & RENAME_NOREPLACE) != 0) wire |= meta::kRenameNoReplace;
+  if ((flags & RENAME_EXCHANGE) != 0) wire |= meta::kRenameExchange;
+  if ((flags & ~static_cast<unsigned>(RENAME_NOREPLACE | RENAME_EXCHANGE)) != 0 ||
+      wire == (meta::kRenameNoReplace | meta::kRenameExchange)) {
+    return reply_status(req, Status(Code::kInvalid, "rename flags 0x" + std::to_string(flags) +
+                                                        " are not supported (NOREPLACE or EXCHANGE only)"),
+                        "rename", parent);
+  }
+  reply_status(req, client_of(req).rename(InodeId(parent), name, InodeId(newparent), newname, wire), "rename",
+               parent);
+}
+
+void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname) {
+  reply_entry(req, client_of(req).link(InodeId(ino), InodeId(newparent), newname), "link", ino);
+}
+
+// Hands a new handle to the kernel; if the request was interrupted meanwhile the kernel will never
+// release it, so we do.
+void reply_open_handle(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<FileHandle> fh, const fuse_entry_param* e) {
+  FileHandle* raw = fh.release();
+  fi->fh = reinterpret_cast<uint64_t>(raw);
+  fi->keep_cache = kKeepCache ? 1 : 0;
+  const int rc = e != nullptr ? fuse_reply_create(req, e, fi) : fuse_reply_open(req, fi);
+  if (rc != 0) {
+    Status st = client_of(req).release(raw->ino);
+    if (!st.is_ok()) {
+      PENSTOCK_LOG(Warn) << "release after an interrupted open: " << st.to_string();
+    }
+    delete raw;
+  }
+}
+
+void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  auto r = client_of(req).open(InodeId(ino), static_cast<uint32_t>(fi->flags));
+  if (!r.has_value()) return reply_status(req, r.error(), "open", ino);
+  auto fh = std::make_unique<FileHandle>();
+  fh->ino = InodeId(ino);
+  fh->layout = r->layout;
+  fh->size_hint.store(r->size);
+  reply_open_handle(req, fi, std::move(fh), nullptr);
+}
+
+void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+  auto r = client_of(req).create(InodeId(parent), name, mode, caller_of(req));
+  if (!r.has_value()) return reply_status(req, r.error(), "create", parent);
+  auto fh = std::make_unique<FileHandle>();
+  fh->ino = r->ino;
+  fh->layout = r->layout;
+  fh->size_hint.store(r->size);
+  fuse_entry_param e = to_entry(*r);
+  reply_open_handle(req, fi, std::move(fh), &e);
+}
+
+void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+  FileHandle* fh = file_of(fi);
+  // fuse_reply_buf copies before returning, so one buffer per worker thread is reused.
+  thread_local std::vector<uint8_t> buf;
+  buf.resize(size);
+  auto r = client_of(req).read(fh->ino, fh->layout, fh->size_hint.load(), static_cast<uint64_t>(off),
+                               std::span<uint8_t>(buf.data(), size));
+  if (!r.has_value()) return reply_status(req, r.error(), "read", ino);
+  fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), *r);
+}
+
+void do_write(fuse_req_t req, fuse_ino_t ino, std::span<const uint8_t> data, off_t off, fuse_file_info* fi) {
+  FileHandle* fh = file_of(fi);
+  Status st = client_of(req).write(fh->ino, fh->layout, static_cast<uint64_t>(off), data);
+  if (!st.is_ok()) return reply_status(req, st, "write", ino);
+  fuse_reply_write(req, data.size());
+}
+
+void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
+  do_write(req, ino, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(buf), size), off, fi);
+}
+
+void op_write_buf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* in, off_t off, fuse_file_info* fi) {
+  const size_t size = fuse_buf_size(in);
+  thread_local std::vector<uint8_t> buf;
+  buf.resize(size);
+  fuse_bufvec dst{};
+  dst.count = 1;
+  dst.buf[0].size = size;
+  dst.buf[0].flags = static_cast<fuse_buf_flags>(0);
+  dst.buf[0].mem = buf.data();
+  dst.buf[0].fd = -1;
+  const ssize_t n = fuse_buf_copy(&dst, in, static_cast<fuse_buf_copy_flags>(0));
+  if (n < 0) {
+    return reply_status(req, Status(Code::kIo, std::string("copying write data from the kernel: ") +
+                                                   std::strerror(static_cast<int>(-n))),
+                        "write", ino);
+  }
+  do_write(req, ino, std::span<const uint8_t>(buf.data(), static_cast<size_t>(n)), off, fi);
+}
+
+void op_flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  reply_status(req, client_of(req).flush(file_of(fi)->ino), "flush", ino);
+}
+
+void op_fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info* fi) {
+  reply_status(req, client_of(req).flush(file_of(fi)->ino), "fsync", ino);
+}
+
+void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  std::unique_ptr<FileHandle> fh(file_of(fi));
+  Status st = client_of(req).release(fh->ino);
+  fh.reset();
+  reply_status(req, st, "release", ino);
+}
+
+void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  auto dh = std::make_unique<DirHandle>();
+  dh->ino = InodeId(ino);
+  DirHandle* raw = dh.release();
+  fi->fh = reinterpret_cast<uint64_t>(raw);
+  if (fuse_reply_open(req, fi) != 0) delete raw;
+}
+
+void op_releasedir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  delete dir_of(fi);
+  reply_status(req, Status::ok(), "releasedir", ino);
+}
+
+// Namespace operations are durable at the meta server before they return: nothing to sync.
+void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info*) {
+  reply_status(req, Status::ok(), "fsyncdir", ino);
+}
+
+// Offsets: "." is 1, ".." is 2, the entries 3, 4, ... in name order. The kernel continues from the
+// offset of the last entry it took; we map it back to that entry's name (the ReadDir cursor). An
+// offset we do not know (an old telldir cookie) restarts the listing and skips that many entries.
+void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi, bool plus) {
+  DirHandle* dh = dir_of(fi);
+  Client& c = client_of(req);
+  std::vector<char> out(size);
+  size_t used = 0;
+  std::vector<std::pair<off_t, std::string>> batch;
+
+  auto add = [&](const char* name, const proto::InodeAttr* attr, uint64_t child, uint32_t mode, off_t entry_off) {
+    size_t need;
+    if (plus) {
+      fuse_entry_param e{};
+      if (attr != nullptr) {
+        e = to_entry(*attr);
+      } else {
+        e.attr.st_ino = child;  // e.ino stays 0: the kernel adds no dentry and no lookup count
+        e.attr.st_mode = mode;
+      }
+      need = fuse_add_direntry_plus(req, out.data() + used, size - used, name, &e, entry_off);
+    } else {
+      struct stat st {};
+      st.st_ino = child;
+      st.st_mode = mode;
+      need = fuse_add_direntry(req, out.data() + used, size - used, name, &st, entry_off);
+    }
+    if (need > size - used) return false;
+    used += need;
+    return true;
+  };
+
+  off_t pos = off;
+  bool full = false;
+  if (pos == 0) {
+    full = !add(".", nullptr, ino, S_IFDIR, 1);
+    if (!full) pos = 1;
+  }
+  if (!full && pos == 1) {
+    // The parent is not known here; the root stands in (d_ino of ".." is informational).
+    full = !add("..", nullptr, FUSE_ROOT_ID, S_IFDIR, 2);
+    if (!full) pos = 2;
+  }
+  std::string after;
+  uint64_t skip = 0;
+  if (!full && pos > 2) {
+    std::lock_guard<std::mutex> lock(dh->mu);
+    auto it = dh->cursor.find(pos);
+    if (it != dh->cursor.end()) {
+      after = it->second;
+    } else {
+      skip = static_cast<uint64_t>(pos - 2);
+    }
+  }
+  const uint32_t page = static_cast<uint32_t>(std::clamp<size_t>(size / (plus ? 160 : 32), 8, 1024));
+  while (!full) {
+    auto r = c.readdir(InodeId(ino), after, skip > 0 ? std::max<uint32_t>(page, 1024) : page, plus);
+    if (!r.has_value()) {
+      if (used == 0) return reply_status(req, r.error(), plus ? "readdirplus" : "readdir", ino);
+      break;  // hand over what we have; the next call meets the error again
+    }
+    for (const auto& e : r->entries) {
+      after = e.name;
+      if (e.name == "." || e.name == "..") continue;
+      if (skip > 0) {
+        --skip;
+        continue;
+      }
+      const off_t next = pos + 1;
+      if (!add(e.name.c_str(), e.attr ? &*e.attr : nullptr, e.ino.value, e.mode, next)) {
+        full = true;
+        break;
+      }
+      batch.emplace_back(next, e.name);
+      pos = next;
+    }
+    if (full || r->eof || r->entries.empty()) break;
+  }
+  if (!batch.empty()) {
+    std::lock_guard<std::mutex> lock(dh->mu);
+    dh->cursor.clear();
+    for (auto& [o, name] : batch) dh->cursor.emplace(o, std::move(name));
+  }
+  fuse_reply_buf(req, out.data(), used);
+}
+
+void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+  do_readdir(req, ino, size, off, fi, false);
+}
+
+void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+  do_readdir(req, ino, size, off, fi, true);
+}
+
+void op_statfs(fuse_req_t req, fuse_ino_t ino) {
+  auto r = client_of(req).statfs();
+  if (!r.has_value()) return reply_status(req, r.error(), "statfs", ino);
+  struct statvfs sv {};
+  const uint64_t bs = r->block_size != 0 ? r->block_size : 4096;
+  sv.f_bsize = bs;
+  sv.f_frsize = bs;
+  sv.f_blocks = r->total_bytes / bs;
+  sv.f_bfree = r->free_bytes / bs;
+  sv.f_bavail = r->free_bytes / bs;
+  sv.f_files = r->total_inodes;
+  sv.f_ffree = r->total_inodes > r->used_inodes ? r->total_inodes - r->used_inodes : 0;
+  sv.f_favail = sv.f_ffree;
+  sv.f_namemax = r->max_name != 0 ? r->max_name : meta::kMaxNameBytes;
+  fuse_reply_statfs(req, &sv);
+}
+
+void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size, int flags) {
+  Client& c = client_of(req);
+  const std::string v(value, size);
+  if (name == client::kLayoutXattr) {
+    return reply_status(req, c.set_layout_text(InodeId(ino), v), "setxattr layout", ino);
+  }
+  reply_status(req, c.setxattr(InodeId(ino), name, v, static_cast<uint32_t>(flags)), "setxattr", ino);
+}
+
+void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  Client& c = client_of(req);
+  if (name == client::kLayoutXattr) {
+    auto r = c.get_layout(InodeId(ino));
+    if (!r.has_value()) return reply_status(req, r.error(), "getxattr layout", ino);
+    return reply_xattr_bytes(req, client::format_layout(*r), size, "getxattr layout", ino);
+  }
+  auto r = c.getxattr(InodeId(ino), name);
+  if (!r.has_value()) return reply_status(req, r.error(), "getxattr", ino);
+  reply_xattr_bytes(req, *r, size, "getxattr", ino);
+}
+
+void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  auto r = client_of(req).listxattr(InodeId(ino));
+  if (!r.has_value()) return reply_status(req, r.error(), "listxattr", ino);
+  std::string list;
+  for (const auto& n : *r) {
+    if (n == client::kLayoutXattr) continue;  // virtual: never listed
+    list += n;
+    list.push_back('\0');
+  }
+  reply_xattr_bytes(req, list, size, "listxattr", ino);
+}
+
+void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  if (name == client::kLayoutXattr) {
+    return reply_status(req, Status(Code::kNotPermitted, "the layout xattr is virtual; set it instead"),
+                        "removexattr", ino);
+  }
+  reply_status(req, client_of(req).removexattr(InodeId(ino), name), "removexattr", ino);
+}
+
+fuse_lowlevel_ops make_ops() {
+  fuse_lowlevel_ops ops{};
+  ops.init = op_init;
+  ops.destroy = op_destroy;
+  ops.lookup = op_lookup;
+  ops.forget = op_forget;
+  ops.forget_multi = op_forget_multi;
+  ops.getattr = op_getattr;
+  ops.setattr = op_setattr;
+  ops.readlink = op_readlink;
+  ops.mknod = op_mknod;
+  ops.mkdir = op_mkdir;
+  ops.unlink = op_unlink;
+  ops.rmdir = op_rmdir;
+  ops.symlink = op_symlink;
+  ops.rename = op_rename;
+  ops.link = op_link;
+  ops.open = op_open;
+  ops.create = op_create;
+  ops.read = op_read;
+  ops.write = op_write;
+  ops.write_buf = op_write_buf;
+  ops.flush = op_flush;
+  ops.release = op_release;
+  ops.fsync = op_fsync;
+  ops.opendir = op_opendir;
+  ops.readdir = op_readdir;
+  ops.readdirplus = op_readdirplus;
+  ops.releasedir = op_releasedir;
+  ops.fsyncdir = op_fsyncdir;
+  ops.statfs = op_statfs;
+  ops.setxattr = op_setxattr;
+  ops.getxattr = op_getxattr;
+  ops.listxattr = op_listxattr;
+  ops.removexattr = op_removexattr;
+  // access: left to the kernel (default_permissions).
+  return ops;
+}
+
+}  // namespace
+
+const fuse_lowlevel_ops& penstock_ops() {
+  static const fuse_lowlevel_ops ops = make_ops();
+  return ops;
+}
+
+}  // namespace penstock::fuse

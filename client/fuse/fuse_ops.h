@@ -1,0 +1,24 @@
+// The libfuse3 low-level operations of penstock-mount: a thin adapter that turns each kernel
+// request into calls on client::Client and exactly one reply. The FUSE API version is pinned here
+// (3.12: the first whose fuse_loop_config carries max_threads; the op signatures we use are those
+// of 3.5+). Thread-safety: every op may run on any FUSE worker thread at once; per-handle state is
+// immutable (files) or guarded by a leaf mutex (directories) that is never held across an RPC or a
+// fuse_reply_* call.
+#pragma once
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include "client/lib/client.h"
+
+namespace penstock::fuse {
+
+// What the ops reach through fuse_req_userdata(). REQUIRES: `client` outlives the session.
+struct MountState {
+  client::Client* client = nullptr;
+};
+
+// The operation table (static storage).
+const fuse_lowlevel_ops& penstock_ops();
+
+}  // namespace penstock::fuse

@@ -1,0 +1,221 @@
+// penstock-mount: mounts a Penstock file system through FUSE (libfuse3 low-level API).
+//
+//   penstock-mount [options] MOUNTPOINT
+//   penstock-mount META_ADDR MOUNTPOINT -o opt1,opt2,...   (the form mount(8) uses via
+//                                                           /sbin/mount.fuse.penstock)
+//
+// Startup order: parse options; unless --foreground, fork before any thread exists (the parent
+// waits until the child reports "mounted" and exits 0, or exits with the child's failure); connect
+// to penstock-meta and register the session BEFORE mounting (an unreachable server leaves the
+// mountpoint untouched); mount; detach from the terminal; serve until SIGINT/SIGTERM/SIGHUP or
+// `fusermount3 -u`; unmount and close the session.
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "client/fuse/fuse_ops.h"
+#include "client/fuse/mount_options.h"
+#include "client/lib/client.h"
+#include "common/base/log.h"
+
+namespace {
+
+using penstock::Code;
+using penstock::Status;
+using penstock::fuse::MountSettings;
+
+[[noreturn]] void die(const std::string& msg) {
+  std::fprintf(stderr, "penstock-mount: %s\n", msg.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+// Forks; the parent waits for one byte on the pipe (sent once the mount is up) and exits 0, or
+// exits with the child's status when the child dies first. Returns the write end in the child.
+int fork_and_wait_for_mount() {
+  int fds[2];
+  if (pipe(fds) != 0) die(std::string("pipe: ") + std::strerror(errno));
+  const pid_t pid = fork();
+  if (pid < 0) die(std::string("fork: ") + std::strerror(errno));
+  if (pid > 0) {
+    close(fds[1]);
+    char c = 1;
+    ssize_t n;
+    do {
+      n = read(fds[0], &c, 1);
+    } while (n < 0 && errno == EINTR);
+    if (n == 1 && c == 0) std::_Exit(0);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    std::_Exit(WIFEXITED(status) && WEXITSTATUS(status) != 0 ? WEXITSTATUS(status) : 1);
+  }
+  close(fds[0]);
+  setsid();
+  return fds[1];
+}
+
+// After the mount is up: stdio away from the terminal (logs to --log-file), then tell the parent.
+void finish_daemonizing(int ready_fd, const std::string& log_file) {
+  int null_fd = open("/dev/null", O_RDWR);
+  int log_fd = null_fd;
+  if (!log_file.empty()) {
+    log_fd = open(log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log_fd < 0) {
+      PENSTOCK_LOG(Warn) << "cannot open log file " << log_file << ": " << std::strerror(errno)
+                         << "; logs are discarded";
+      log_fd = null_fd;
+    }
+  }
+  if (null_fd >= 0) {
+    dup2(null_fd, STDIN_FILENO);
+    dup2(null_fd, STDOUT_FILENO);
+  }
+  if (log_fd >= 0) dup2(log_fd, STDERR_FILENO);
+  if (log_fd > STDERR_FILENO && log_fd != null_fd) close(log_fd);
+  if (null_fd > STDERR_FILENO) close(null_fd);
+  if (chdir("/") != 0) {
+    // Not fatal: only keeps a directory busy.
+  }
+  const char ok = 0;
+  ssize_t n;
+  do {
+    n = write(ready_fd, &ok, 1);
+  } while (n < 0 && errno == EINTR);
+  close(ready_fd);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MountSettings s;
+  std::vector<std::string> positionals;
+  std::vector<std::string> option_lists;
+  CLI::App app{
+      "penstock-mount: mount a Penstock file system through FUSE.\n"
+      "  penstock-mount [options] MOUNTPOINT\n"
+      "  penstock-mount META_ADDR MOUNTPOINT -o opt1,opt2,...   (mount helper form; see\n"
+      "      deploy/mount.fuse.penstock for `mount -t fuse.penstock` and fstab)\n"
+      "Unmount with `fusermount3 -u MOUNTPOINT` (or umount as root)."};
+  app.set_config("--config", "", "read options from a TOML file (keys: meta, threads, clone-fd, "
+                                 "foreground, log-level, log-file)");
+  app.add_option("--meta", s.meta, "penstock-meta address host:port")->capture_default_str();
+  app.add_flag("-f,--foreground", s.foreground, "stay in the foreground, logging to stderr");
+  app.add_option("--threads", s.threads, "most FUSE worker threads")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_flag("--clone-fd", s.clone_fd, "give each FUSE worker thread its own /dev/fuse descriptor");
+  app.add_option("--log-level", s.log_level, "debug, info, warn or error")
+      ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
+      ->capture_default_str();
+  app.add_option("--log-file", s.log_file, "append logs to FILE once daemonized (default: discarded)");
+  app.add_option("-o", option_lists,
+                 "mount options: meta=HOST:PORT, threads=N, clone_fd, log_level=L, log_file=F, ro; the "
+                 "generic rw, defaults, nodev, nosuid, noatime, _netdev, allow_other, ... are accepted")
+      ->allow_extra_args(false);
+  app.add_option("args", positionals, "[META_ADDR] MOUNTPOINT")->required()->expected(1, 2);
+  CLI11_PARSE(app, argc, argv);
+
+  if (positionals.size() == 2) {
+    // mount(8) passes the fstab "device" first: an address, or a label such as "penstock".
+    if (positionals[0].find(':') != std::string::npos) s.meta = positionals[0];
+    s.mountpoint = positionals[1];
+  } else {
+    s.mountpoint = positionals[0];
+  }
+  for (const auto& list : option_lists) {
+    Status st = penstock::fuse::apply_mount_options(list, &s);
+    if (!st.is_ok()) die(st.message());
+  }
+  penstock::LogLevel level;
+  if (!penstock::parse_log_level(s.log_level, &level)) die("log level '" + s.log_level + "' is not debug, info, warn or error");
+  penstock::set_log_level(level);
+  penstock::set_log_component("mount");
+
+  char resolved[PATH_MAX];
+  if (realpath(s.mountpoint.c_str(), resolved) == nullptr) {
+    die("mountpoint " + s.mountpoint + ": " + std::strerror(errno) + " (create the directory first)");
+  }
+  struct stat mst {};
+  if (stat(resolved, &mst) != 0 || !S_ISDIR(mst.st_mode)) die("mountpoint " + s.mountpoint + " is not a directory");
+  const std::string mountpoint = resolved;
+
+  // Before any thread exists: threads do not survive fork().
+  const int ready_fd = s.foreground ? -1 : fork_and_wait_for_mount();
+
+  // Only the FUSE threads (started from this thread after unblocking) may take the termination
+  // signals; the I/O and heartbeat threads inherit this mask.
+  sigset_t term;
+  sigemptyset(&term);
+  sigaddset(&term, SIGINT);
+  sigaddset(&term, SIGTERM);
+  sigaddset(&term, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &term, nullptr);
+
+  penstock::client::ClientOptions copts;
+  copts.meta_address = s.meta;
+  copts.client_name = "penstock-mount " + mountpoint;
+  copts.io_threads = 2;
+  auto connected = penstock::client::Client::connect(copts);
+  if (!connected.has_value()) {
+    const Status& st = connected.error();
+    die(st.code() == Code::kUnavailable ? st.message() : st.to_string());
+  }
+  std::unique_ptr<penstock::client::Client> client = std::move(connected).value();
+  penstock::fuse::MountState state{client.get()};
+
+  std::string fuse_opts = "fsname=penstock:" + s.meta + ",subtype=penstock,allow_other,default_permissions";
+  if (s.read_only) fuse_opts += ",ro";
+  std::vector<std::string> fuse_argv_s = {argv[0], "-o", fuse_opts};
+  std::vector<char*> fuse_argv;
+  for (auto& a : fuse_argv_s) fuse_argv.push_back(a.data());
+  fuse_args args = FUSE_ARGS_INIT(static_cast<int>(fuse_argv.size()), fuse_argv.data());
+  const fuse_lowlevel_ops& ops = penstock::fuse::penstock_ops();
+  fuse_session* se = fuse_session_new(&args, &ops, sizeof(ops), &state);
+  if (se == nullptr) {
+    client->shutdown();
+    die("cannot create the FUSE session (see the message above)");
+  }
+  if (fuse_set_signal_handlers(se) != 0) {
+    fuse_session_destroy(se);
+    client->shutdown();
+    die("cannot install signal handlers");
+  }
+  if (fuse_session_mount(se, mountpoint.c_str()) != 0) {
+    fuse_remove_signal_handlers(se);
+    fuse_session_destroy(se);
+    client->shutdown();
+    die("cannot mount at " + mountpoint +
+        " (see the message above; is /dev/fuse available and the directory not already a mount?)");
+  }
+  PENSTOCK_LOG(Info) << "mounted penstock:" << s.meta << " at " << mountpoint << " (threads " << s.threads
+                     << (s.clone_fd ? ", clone_fd" : "") << ")";
+  if (ready_fd >= 0) finish_daemonizing(ready_fd, s.log_file);
+  pthread_sigmask(SIG_UNBLOCK, &term, nullptr);
+
+  fuse_loop_config* cfg = fuse_loop_cfg_create();
+  fuse_loop_cfg_set_max_threads(cfg, static_cast<unsigned>(s.threads));
+  fuse_loop_cfg_set_clone_fd(cfg, s.clone_fd ? 1 : 0);
+  const int rc = fuse_session_loop_mt(se, cfg);
+  fuse_loop_cfg_destroy(cfg);
+
+  PENSTOCK_LOG(Info) << "unmounting " << mountpoint;
+  fuse_session_unmount(se);
+  fuse_remove_signal_handlers(se);
+  fuse_session_destroy(se);  // runs op_destroy, which closes the meta session
+  client->shutdown();
+  client.reset();
+  // rc > 0: the loop ended on a signal, a clean stop.
+  return rc < 0 ? 1 : 0;
+}

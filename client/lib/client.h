@@ -1,0 +1,192 @@
+// Client: one process's connection to a Penstock cluster, the library under penstock-mount and the
+// penstock CLI. Owns the I/O threads, the RPC client to penstock-meta, data-server RPC clients made
+// on demand per node address from the cluster map, and (optionally) a meta session kept alive by a
+// heartbeat thread. It offers typed wrappers for every meta RPC and file data I/O that fans chunk
+// requests out to all data servers in parallel.
+//
+// Consistency it implements (DESIGN.md): a client's own writes are visible to its own reads and
+// getattr (sizes are merged with the highest offset this client wrote and has not yet reported);
+// flush/fsync make the written bytes durable on every replica (Sync) and then report the size to
+// the meta server, so another host's open() afterwards sees data and size (close-to-open).
+//
+// Thread-safety: every public method may be called from any number of threads at once. No lock is
+// held across an RPC. Lock order: files_mu_ and routes_mu_ and data_mu_ are leaves (never nested).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "client/lib/io_plan.h"
+#include "common/base/result.h"
+#include "common/net/endpoint.h"
+#include "common/net/transport.h"
+#include "common/proto/data_service.h"
+#include "common/proto/meta_service.h"
+#include "common/rpc/client.h"
+
+namespace penstock::client {
+
+struct ClientOptions {
+  std::string meta_address = "127.0.0.1:7600";     // host:port of penstock-meta
+  std::chrono::milliseconds connect_timeout{3000};  // TCP connect and the first meta call
+  std::chrono::milliseconds call_timeout{10000};    // default deadline of every other RPC
+  int io_threads = 2;                               // transport I/O threads
+  int connections_per_server = 2;                   // TCP sockets per server
+  bool register_session = true;  // false for one-shot tools (status, df): no session, no heartbeat
+  std::string client_name = "penstock";  // shown in the meta server's session table
+};
+
+class Client {
+ public:
+  // Connects to penstock-meta, registers a session (when asked) and loads the cluster map.
+  // kInvalid for a bad address; kUnavailable "cannot reach penstock-meta at HOST:PORT: <reason>; is
+  // it running?" when the server cannot be reached within connect_timeout; any other error of the
+  // first calls with context.
+  static Result<std::unique_ptr<Client>> connect(const ClientOptions& options);
+
+  // Calls shutdown().
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Stops the heartbeat and closes the session at the meta server (best effort, logged). Idempotent.
+  // Calls made after shutdown still work but run without a session.
+  void shutdown();
+
+  SessionId session() const;
+  const std::string& meta_address() const { return options_.meta_address; }
+
+  // ---- namespace (meta RPCs). Attributes of regular files carry this client's merged size. ----
+  Result<proto::InodeAttr> lookup(InodeId parent, const std::string& name);
+  Result<proto::InodeAttr> getattr(InodeId ino);
+  // SetAttr exactly as given. REQUIRES: kSetSize is not in req.valid (use truncate(), which cuts
+  // the chunks on the data servers first).
+  Result<proto::InodeAttr> setattr(const proto::meta::SetAttrReq& req);
+  // Creates a regular file and opens it for this session in one round trip.
+  Result<proto::InodeAttr> create(InodeId parent, const std::string& name, uint32_t mode,
+                                  const proto::Caller& caller);
+  Result<proto::InodeAttr> mknod(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
+                                 const proto::Caller& caller);
+  Result<proto::InodeAttr> mkdir(InodeId parent, const std::string& name, uint32_t mode,
+                                 const proto::Caller& caller);
+  Status unlink(InodeId parent, const std::string& name);
+  Status rmdir(InodeId parent, const std::string& name);
+  // flags: proto::meta::RenameFlags bits.
+  Status rename(InodeId parent, const std::string& name, InodeId new_parent, const std::string& new_name,
+                uint32_t flags);
+  Result<proto::InodeAttr> link(InodeId ino, InodeId new_parent, const std::string& new_name);
+  Result<proto::InodeAttr> symlink(InodeId parent, const std::string& name, const std::string& target,
+                                   const proto::Caller& caller);
+  Result<std::string> readlink(InodeId ino);
+  Result<proto::meta::ReadDirResp> readdir(InodeId ino, const std::string& after, uint32_t max_entries,
+                                           bool plus);
+  Result<proto::meta::StatFsResp> statfs();
+  Result<std::string> getxattr(InodeId ino, const std::string& name);
+  Status setxattr(InodeId ino, const std::string& name, const std::string& value, uint32_t flags);
+  Result<std::vector<std::string>> listxattr(InodeId ino);
+  Status removexattr(InodeId ino, const std::string& name);
+  // Opens for this session (bookkeeping that keeps an unlinked file's chunks alive).
+  Result<proto::InodeAttr> open(InodeId ino, uint32_t flags);
+  Result<proto::Layout> get_layout(InodeId ino);
+  Status set_layout(InodeId dir, uint32_t chunk_size, uint32_t stripe_count);
+  // Applies a parsed layout xattr value to a directory: keys not given keep their current value.
+  Status set_layout_text(InodeId dir, const std::string& text);
+  Result<proto::ClusterMap> get_cluster_map();
+
+  // ---- file data ----
+  // Reads up to buf.size() bytes at `offset` into buf; returns the byte count up to EOF, where the
+  // file size is max(meta size, the highest offset this client wrote). `size_hint` is the size the
+  // caller knows (e.g. at open); when the range passes it the size is fetched from the meta server.
+  // Holes and short chunks read as zeros. Errors name the inode, chunk and target.
+  Result<size_t> read(InodeId ino, const proto::Layout& layout, uint64_t size_hint, uint64_t offset,
+                      std::span<uint8_t> buf);
+  // Writes all of `data` at `offset` (chunks in parallel). On success the bytes are on the data
+  // servers (not yet durable) and this client's view of the size covers them.
+  Status write(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> data);
+  // Makes this client's writes to `ino` durable on every replica (Sync) and reports the highest
+  // written offset and the mtime to the meta server. Ok at once when nothing was written.
+  Status flush(InodeId ino);
+  // flush(), then Release at the meta server. Returns the first error; Release runs in any case.
+  Status release(InodeId ino);
+  // Cuts the file to `size`: data Truncate on every target of every chain of its layout first, then
+  // the meta size, then forgets this client's size knowledge. Returns the new attributes.
+  // kIsDir on a directory, kInvalid on other non-regular files.
+  Result<proto::InodeAttr> truncate(InodeId ino, uint64_t size, const proto::Caller& caller);
+
+ private:
+  struct FileState {
+    uint64_t written_end = 0;               // highest offset written and not yet reported
+    int64_t mtime_ns = 0;                   // time of the last write
+    std::unordered_set<ChainId> dirty_chains;  // chains written since the last successful flush
+    uint64_t seq = 0;                       // bumped on every write
+  };
+
+  // A data request of a fan-out: routed by chain (head or tail) or to one exact target.
+  struct DataTask {
+    ChainId chain;
+    TargetId target;      // when valid: exactly this target of `chain`
+    bool to_tail = false; // otherwise: the chain's tail (reads) or head (writes)
+    std::string what;     // "read chunk 3 of inode 17": error context
+  };
+  // Issues the RPC for task `index` to `route` on `rpc`; must call `done` exactly once.
+  using IssueFn = std::function<void(size_t index, const Route& route, rpc::RpcClient& rpc,
+                                     std::function<void(Status)> done)>;
+
+  Client(ClientOptions options, net::Endpoint meta_endpoint);
+
+  template <class M>
+  Result<typename M::Response> meta_call(const typename M::Request& req);
+
+  Status start();
+  void heartbeat_loop();
+  Status refresh_map();
+  std::shared_ptr<const ClusterRoutes> routes() const;
+  Result<std::shared_ptr<rpc::RpcClient>> data_client(const std::string& address);
+  Result<Route> resolve(const ClusterRoutes& routes, const DataTask& task) const;
+  // Runs every task in parallel and waits for all. A task whose route is unknown, or whose call
+  // fails with kUnavailable or kNotFound, makes the client refresh the cluster map once and retry
+  // those tasks; any other error (or a second failure) fails the whole operation with context.
+  Status fan_out(const std::vector<DataTask>& tasks, const IssueFn& issue);
+  void merge_local_size(proto::InodeAttr* attr);
+  Result<proto::InodeAttr> merged(Result<proto::meta::AttrResp> r);
+
+  const ClientOptions options_;
+  const net::Endpoint meta_endpoint_;
+  // Destroyed last: every channel made on it must be gone first.
+  std::unique_ptr<net::IoRuntime> runtime_;
+  std::unique_ptr<rpc::RpcClient> meta_;
+
+  mutable std::mutex routes_mu_;  // leaf lock
+  std::shared_ptr<const ClusterRoutes> routes_;  // guarded by routes_mu_
+
+  std::mutex data_mu_;  // leaf lock
+  std::unordered_map<std::string, std::shared_ptr<rpc::RpcClient>> data_clients_;  // guarded
+
+  std::mutex files_mu_;  // leaf lock
+  std::unordered_map<InodeId, FileState> files_;  // guarded by files_mu_
+
+  std::atomic<uint64_t> session_{0};
+  std::atomic<int64_t> lease_ns_{0};
+
+  std::mutex hb_mu_;  // guards stop_ (leaf lock)
+  std::condition_variable hb_cv_;
+  bool stop_ = false;
+  std::thread heartbeat_;
+  std::once_flag shutdown_once_;
+};
+
+// The hostname for session registration ("unknown" when it cannot be read).
+std::string local_hostname();
+
+}  // namespace penstock::client

@@ -1,0 +1,43 @@
+// The text form of a layout, as shown and accepted by the virtual xattr `user.penstock.layout`
+// (and printed by `penstock layout get`):
+//   get: "chunk_size=4194304 stripe_count=3 chains=1,2,3"   (chains only when the layout has some,
+//        i.e. on files; a directory's stripe_count 0 means "all chains")
+//   set: "chunk_size=N stripe_count=M"   either key optional, N may carry a K/M/G (binary) suffix.
+// Pure functions. Thread-safety: pure.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/base/result.h"
+#include "common/proto/types.h"
+
+namespace penstock::client {
+
+// The xattr name the client serves itself: never stored at the meta server, never listed.
+inline constexpr std::string_view kLayoutXattr = "user.penstock.layout";
+
+// A parsed `set` request: the keys that were given. At least one is present.
+struct LayoutSpec {
+  std::optional<uint32_t> chunk_size;
+  std::optional<uint32_t> stripe_count;
+};
+
+// "chunk_size=4194304 stripe_count=3 chains=1,2,3" (the chains part only when layout.chains is
+// not empty).
+std::string format_layout(const proto::Layout& layout);
+
+// Parses a byte size: decimal digits with an optional K, M or G suffix (binary: 1K = 1024),
+// case-insensitive, optionally followed by "iB" or "B" ("4M", "4MiB", "65536").
+// kInvalid naming the text when it is not a size or does not fit in 64 bits.
+Result<uint64_t> parse_size(std::string_view text);
+
+// Parses "chunk_size=N stripe_count=M" (whitespace-separated, either key optional, any order).
+// kInvalid with the reason on: an unknown key (chains cannot be set: they are chosen at create
+// time), a repeated key, a missing '=', a bad number, a chunk size that is not a power of two in
+// [64 KiB, 64 MiB], or no key at all.
+Result<LayoutSpec> parse_layout_spec(std::string_view text);
+
+}  // namespace penstock::client

@@ -1,0 +1,520 @@
+// The TCP channel (Boost.Asio): K connections per server, many calls in flight on each, matched by
+// request id.
+//
+// Per connection, everything that touches the socket runs on one strand: the connect, the writer
+// (frames gathered header + message + bulk_out into one scatter/gather write, up to kMaxBatch
+// frames per write), the reader coroutine and the deadline sweep. The pending-call table and the
+// write queue are guarded by Connection::mu_ because start_call() inserts from any thread.
+//
+// Buffer ownership rule: a caller may free bulk_out/bulk_in as soon as its callback ran. So a call is
+// never completed while an I/O operation may still touch its buffers: the sweep skips calls marked
+// in_write (their frame is inside the current async_write) or receiving (their bulk is being read
+// into bulk_in); if such a call is overdue the connection is closed instead, which aborts the
+// operation synchronously on the strand, and then the call completes with kTimeout. A response
+// whose call is gone (timed out) has its bulk read into a scratch buffer and dropped.
+//
+// Lock order: TcpChannel::mu_ before Connection::mu_. Callbacks never run under either lock.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+
+#include "common/base/log.h"
+#include "common/net/transport.h"
+#include "common/proto/frame.h"
+
+namespace penstock::net {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using boost::system::error_code;
+using Strand = asio::strand<asio::io_context::executor_type>;
+
+constexpr size_t kMaxBatch = 64;                         // frames per gathered write
+constexpr auto kSweepPeriod = std::chrono::milliseconds(5);  // deadline resolution
+constexpr size_t kScratchBytes = 64 << 10;               // discarding late bulk
+
+struct Pending {
+  CallCallback done;
+  std::span<uint8_t> bulk_in;
+  Clock::time_point deadline;
+  bool in_write = false;   // its frame is part of the async_write in progress
+  bool receiving = false;  // its response bulk is being read into bulk_in
+};
+
+struct WriteItem {
+  uint64_t id = 0;
+  std::array<uint8_t, proto::kFrameHeaderSize> header{};
+  std::string message;
+  std::span<const uint8_t> bulk_out;
+};
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(asio::io_context& io, const Endpoint& server, const TcpOptions& options)
+      : strand_(asio::make_strand(io)),
+        socket_(strand_),
+        resolver_(strand_),
+        connect_timer_(strand_),
+        sweep_timer_(strand_),
+        server_(server),
+        address_(server.to_string()),
+        options_(options) {}
+
+  bool is_closed() const { return closed_.load(std::memory_order_acquire); }
+
+  // Queues a call. False (the call untouched) when the connection is already closed.
+  bool submit(uint64_t id, OutgoingCall& call, CallCallback& done) {
+    bool kick = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_locked_) return false;
+      WriteItem item;
+      item.id = id;
+      proto::FrameHeader h;
+      h.kind = proto::FrameKind::kRequest;
+      h.service = call.service;
+      h.method = call.method;
+      h.request_id = id;
+      h.message_len = static_cast<uint32_t>(call.message.size());
+      h.bulk_len = static_cast<uint32_t>(call.bulk_out.size());
+      item.header = proto::encode_header(h);
+      item.message = std::move(call.message);
+      item.bulk_out = call.bulk_out;
+      queue_.push_back(std::move(item));
+      pending_.emplace(id, Pending{std::move(done), call.bulk_in, call.deadline});
+      earliest_deadline_ = std::min(earliest_deadline_, call.deadline);
+      if (!kick_posted_) kick = kick_posted_ = true;
+    }
+    if (kick) asio::post(strand_, [self = shared_from_this()] { self->kick(); });
+    return true;
+  }
+
+  // Begins connecting. Call once, after the first submit.
+  void start() {
+    asio::post(strand_, [self = shared_from_this()] { self->do_connect(); });
+  }
+
+  // Closes the connection, failing its calls with `why`. Safe from any thread.
+  void shutdown(Status why) {
+    asio::post(strand_, [self = shared_from_this(), why = std::move(why)] { self->close_with(why); });
+  }
+
+ private:
+  // ---- connect (strand) ----
+  void do_connect() {
+    if (is_closed()) return;
+    connect_timer_.expires_after(options_.connect_timeout);
+    connect_timer_.async_wait([self = shared_from_this()](error_code ec) {
+      if (ec || self->connected_ || self->is_closed()) return;
+      self->connect_timed_out_ = true;
+      error_code ignored;
+      self->resolver_.cancel();
+      self->socket_.close(ignored);
+    });
+    kick_sweep();
+    error_code ec;
+    auto addr = asio::ip::make_address(server_.host, ec);
+    if (!ec) {
+      tcp::endpoint ep(addr, server_.port);
+      socket_.async_connect(ep, [self = shared_from_this()](error_code cec) { self->on_connected(cec); });
+      return;
+    }
+    resolver_.async_resolve(server_.host, std::to_string(server_.port),
+                            [self = shared_from_this()](error_code rec, tcp::resolver::results_type results) {
+                              if (rec) {
+                                self->on_connected(rec);
+                                return;
+                              }
+                              asio::async_connect(self->socket_, results,
+                                                  [self](error_code cec, const tcp::endpoint&) { self->on_connected(cec); });
+                            });
+  }
+
+  void on_connected(error_code ec) {
+    if (is_closed()) return;
+    if (ec) {
+      std::string reason = connect_timed_out_
+                               ? "timed out after " + std::to_string(options_.connect_timeout.count()) + " ms"
+                               : ec.message();
+      close_with(Status(Code::kUnavailable, "cannot connect to " + address_ + ": " + reason));
+      return;
+    }
+    connected_ = true;
+    connect_timer_.cancel();
+    error_code ignored;
+    socket_.set_option(tcp::no_delay(true), ignored);
+    asio::co_spawn(strand_, read_loop(shared_from_this()), asio::detached);
+    if (!writing_) do_write();
+  }
+
+  // ---- writer (strand) ----
+  void kick() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      kick_posted_ = false;
+    }
+    if (is_closed()) return;
+    kick_sweep();
+    if (connected_ && !writing_) do_write();
+  }
+
+  void do_write() {
+    batch_.clear();
+    buffers_.clear();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      while (!queue_.empty() && batch_.size() < kMaxBatch) {
+        WriteItem item = std::move(queue_.front());
+        queue_.pop_front();
+        auto it = pending_.find(item.id);
+        if (it == pending_.end()) continue;  // timed out before it was sent: its bulk may be gone
+        it->second.in_write = true;
+        batch_.push_back(std::move(item));
+      }
+    }
+    if (batch_.empty()) {
+      writing_ = false;
+      return;
+    }
+    for (const auto& item : batch_) {
+      buffers_.emplace_back(item.header.data(), item.header.size());
+      if (!item.message.empty()) buffers_.emplace_back(item.message.data(), item.message.size());
+      if (!item.bulk_out.empty()) buffers_.emplace_back(item.bulk_out.data(), item.bulk_out.size());
+    }
+    writing_ = true;
+    asio::async_write(socket_, buffers_,
+                      asio::bind_executor(strand_, [self = shared_from_this()](error_code ec, size_t) {
+                        self->on_written(ec);
+                      }));
+  }
+
+  void on_written(error_code ec) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& item : batch_) {
+        auto it = pending_.find(item.id);
+        if (it != pending_.end()) it->second.in_write = false;
+      }
+    }
+    batch_.clear();
+    writing_ = false;
+    if (is_closed()) return;
+    if (ec) {
+      close_with(lost(ec));
+      return;
+    }
+    do_write();
+  }
+
+  // ---- reader (strand) ----
+  static asio::awaitable<void> read_loop(std::shared_ptr<Connection> self) {
+    co_await self->read_frames();
+  }
+
+  asio::awaitable<void> read_frames() {
+    std::array<uint8_t, proto::kFrameHeaderSize> hbuf{};
+    std::string message;
+    for (;;) {
+      error_code ec;
+      co_await asio::async_read(socket_, asio::buffer(hbuf), asio::redirect_error(asio::use_awaitable, ec));
+      if (is_closed()) co_return;
+      if (ec) {
+        close_with(lost(ec));
+        co_return;
+      }
+      auto header = proto::decode_header(hbuf);
+      if (!header.has_value()) {
+        close_with(protocol(header.error().message()));
+        co_return;
+      }
+      if (header->kind != proto::FrameKind::kResponse) {
+        close_with(protocol("request frame received on a client connection"));
+        co_return;
+      }
+      message.resize(header->message_len);
+      if (!message.empty()) {
+        co_await asio::async_read(socket_, asio::buffer(message.data(), message.size()),
+                                  asio::redirect_error(asio::use_awaitable, ec));
+        if (is_closed()) co_return;
+        if (ec) {
+          close_with(lost(ec));
+          co_return;
+        }
+      }
+      const uint64_t id = header->request_id;
+      const uint32_t bulk_len = header->bulk_len;
+      std::span<uint8_t> target;
+      bool known = false;
+      bool too_big = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = pending_.find(id);
+        if (it != pending_.end()) {
+          known = true;
+          if (header->status == 0 && bulk_len > 0) {
+            if (bulk_len > it->second.bulk_in.size()) {
+              too_big = true;
+            } else {
+              it->second.receiving = true;  // the sweep must not complete it while bulk_in is in use
+              target = it->second.bulk_in.first(bulk_len);
+            }
+          }
+        }
+      }
+      if (too_big) {
+        close_with(protocol("response to request " + std::to_string(id) + " carries " + std::to_string(bulk_len) +
+                            " bulk bytes, more than the caller's buffer holds"));
+        co_return;
+      }
+      if (!target.empty()) {
+        co_await asio::async_read(socket_, asio::buffer(target.data(), target.size()),
+                                  asio::redirect_error(asio::use_awaitable, ec));
+        if (is_closed()) co_return;  // close_with() completed the call after the read was aborted
+        if (ec) {
+          close_with(lost(ec));
+          co_return;
+        }
+      } else if (bulk_len > 0) {
+        // Late response (the call timed out), or bulk on an error response: drain and drop.
+        if (!scratch_) scratch_ = std::make_unique<uint8_t[]>(kScratchBytes);
+        uint32_t left = bulk_len;
+        while (left > 0) {
+          size_t n = std::min<size_t>(left, kScratchBytes);
+          co_await asio::async_read(socket_, asio::buffer(scratch_.get(), n),
+                                    asio::redirect_error(asio::use_awaitable, ec));
+          if (is_closed()) co_return;
+          if (ec) {
+            close_with(lost(ec));
+            co_return;
+          }
+          left -= static_cast<uint32_t>(n);
+        }
+      }
+      if (!known) continue;
+      CallCallback done;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = pending_.find(id);
+        if (it == pending_.end()) continue;  // cannot happen for a receiving call; harmless otherwise
+        done = std::move(it->second.done);
+        pending_.erase(it);
+      }
+      if (header->status != 0) {
+        done(Status(static_cast<Code>(header->status), std::move(message)));
+      } else {
+        done(CallReply{std::move(message), bulk_len});
+      }
+      message = std::string();
+    }
+  }
+
+  // ---- deadlines (strand) ----
+  void kick_sweep() {
+    if (sweeping_ || is_closed()) return;
+    sweeping_ = true;
+    arm_sweep();
+  }
+
+  void arm_sweep() {
+    sweep_timer_.expires_after(kSweepPeriod);
+    sweep_timer_.async_wait([self = shared_from_this()](error_code ec) { self->on_sweep(ec); });
+  }
+
+  void on_sweep(error_code ec) {
+    if (ec || is_closed()) {
+      sweeping_ = false;
+      return;
+    }
+    const auto now = Clock::now();
+    bool stuck = false;
+    expired_.clear();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (pending_.empty()) {
+        sweeping_ = false;
+        earliest_deadline_ = Clock::time_point::max();
+        return;
+      }
+      if (now >= earliest_deadline_) {
+        auto earliest = Clock::time_point::max();
+        for (auto it = pending_.begin(); it != pending_.end();) {
+          Pending& p = it->second;
+          if (now >= p.deadline) {
+            if (p.in_write || p.receiving) {
+              stuck = true;  // cannot complete while the socket may touch its buffers
+            } else {
+              expired_.push_back(std::move(p.done));
+              it = pending_.erase(it);
+              continue;
+            }
+          }
+          earliest = std::min(earliest, p.deadline);
+          ++it;
+        }
+        earliest_deadline_ = earliest;
+      }
+    }
+    for (auto& done : expired_) done(timed_out());
+    expired_.clear();
+    if (stuck) {
+      close_with(Status(Code::kUnavailable, "connection to " + address_ + " stalled past a call deadline"));
+      return;
+    }
+    arm_sweep();
+  }
+
+  // ---- closing (strand) ----
+  // Closes the socket (which aborts any read or write in progress before returning) and fails every
+  // pending call: overdue ones with kTimeout, the rest with `why`.
+  void close_with(const Status& why) {
+    std::unordered_map<uint64_t, Pending> failed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_locked_) return;
+      closed_locked_ = true;
+      closed_.store(true, std::memory_order_release);
+      failed.swap(pending_);
+      queue_.clear();
+    }
+    error_code ignored;
+    socket_.close(ignored);
+    resolver_.cancel();
+    connect_timer_.cancel();
+    sweep_timer_.cancel();
+    if (!why.is_ok() && why.code() == Code::kProtocol) {
+      PENSTOCK_LOG(Warn) << "closing connection to " << address_ << ": " << why.to_string();
+    }
+    const auto now = Clock::now();
+    for (auto& [id, p] : failed) {
+      if (now >= p.deadline) {
+        p.done(timed_out());
+      } else {
+        p.done(why);
+      }
+    }
+  }
+
+  Status lost(error_code ec) const {
+    return Status(Code::kUnavailable, "connection to " + address_ + " lost: " + ec.message());
+  }
+  Status protocol(const std::string& what) const {
+    return Status(Code::kProtocol, "from " + address_ + ": " + what);
+  }
+  Status timed_out() const { return Status(Code::kTimeout, "no response from " + address_ + " before the deadline"); }
+
+  Strand strand_;
+  tcp::socket socket_;
+  tcp::resolver resolver_;
+  asio::steady_timer connect_timer_;
+  asio::steady_timer sweep_timer_;
+  const Endpoint server_;
+  const std::string address_;
+  const TcpOptions options_;
+
+  std::atomic<bool> closed_{false};
+
+  std::mutex mu_;  // after TcpChannel::mu_
+  bool closed_locked_ = false;                          // guarded by mu_ (mirrored in closed_)
+  bool kick_posted_ = false;                            // guarded by mu_
+  std::unordered_map<uint64_t, Pending> pending_;       // guarded by mu_
+  std::deque<WriteItem> queue_;                         // guarded by mu_
+  Clock::time_point earliest_deadline_ = Clock::time_point::max();  // guarded by mu_; a lower bound
+
+  // Strand-only state.
+  bool connected_ = false;
+  bool connect_timed_out_ = false;
+  bool writing_ = false;
+  bool sweeping_ = false;
+  std::vector<WriteItem> batch_;
+  std::vector<asio::const_buffer> buffers_;
+  std::vector<CallCallback> expired_;
+  std::unique_ptr<uint8_t[]> scratch_;
+};
+
+class TcpChannel : public Channel {
+ public:
+  TcpChannel(asio::io_context& io, Endpoint server, TcpOptions options)
+      : io_(io), server_(std::move(server)), options_(options) {
+    if (options_.connections < 1) options_.connections = 1;
+    slots_.resize(static_cast<size_t>(options_.connections));
+  }
+
+  ~TcpChannel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& c : slots_) {
+      if (c) c->shutdown(Status(Code::kCancelled, "channel to " + server_.to_string() + " destroyed"));
+    }
+  }
+
+  void start_call(OutgoingCall call, CallCallback done) override {
+    if (call.message.size() > proto::kMaxMessageBytes || call.bulk_out.size() > proto::kMaxBulkBytes) {
+      Status st(Code::kInvalid, "request to " + server_.to_string() + " is over the frame limits (message " +
+                                    std::to_string(call.message.size()) + " bytes, bulk " +
+                                    std::to_string(call.bulk_out.size()) + " bytes)");
+      asio::post(io_, [done = std::move(done), st = std::move(st)] { done(st); });
+      return;
+    }
+    const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
+    for (;;) {
+      std::shared_ptr<Connection> conn;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto& slot = slots_[next_slot_++ % slots_.size()];
+        if (!slot || slot->is_closed()) {
+          // A fresh connection accepts calls until it is started, so this cannot fail.
+          slot = std::make_shared<Connection>(io_, server_, options_);
+          bool ok = slot->submit(id, call, done);
+          PENSTOCK_CHECK(ok);
+          slot->start();
+          return;
+        }
+        conn = slot;
+      }
+      if (conn->submit(id, call, done)) return;
+    }
+  }
+
+  std::string describe() const override { return "tcp " + server_.to_string(); }
+
+ private:
+  asio::io_context& io_;
+  const Endpoint server_;
+  TcpOptions options_;
+  std::atomic<uint64_t> next_id_{1};
+  std::mutex mu_;  // before Connection::mu_
+  size_t next_slot_ = 0;                             // guarded by mu_
+  std::vector<std::shared_ptr<Connection>> slots_;   // guarded by mu_
+};
+
+}  // namespace
+
+std::shared_ptr<Channel> make_tcp_channel(IoRuntime& runtime, Endpoint server, TcpOptions options) {
+  auto* io = static_cast<asio::io_context*>(runtime.native_context());
+  return std::make_shared<TcpChannel>(*io, std::move(server), options);
+}
+
+}  // namespace penstock::net

@@ -1,0 +1,466 @@
+// RpcServer over Boost.Asio.
+//
+// Threads: `io_threads` run the io_context (accept loop, per-connection read loops and writers);
+// handlers run on a separate pool of `worker_threads` because they may block on disk or RocksDB.
+// Each connection's socket state lives on its own strand: the read loop (a coroutine), the response
+// queue and the writer. A worker posts its finished response back to the strand.
+// Peer bytes are hostile: every length is checked by decode_header before anything is allocated,
+// buffers grow only as bytes actually arrive, and each connection is bounded in requests and bytes
+// in flight (the read loop pauses until responses drain).
+// Lock order: ServerState::mu is a leaf lock (never held while calling out).
+#include "common/rpc/server.h"
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+
+#include "common/base/log.h"
+#include "common/proto/frame.h"
+
+namespace penstock::rpc {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using boost::system::error_code;
+using Strand = asio::strand<asio::io_context::executor_type>;
+
+constexpr uint32_t kMaxInflightRequests = 128;       // per connection; reading pauses beyond
+constexpr uint64_t kMaxInflightBytes = 256ull << 20;  // per connection, request message + bulk
+constexpr size_t kMaxBatch = 64;                     // responses per gathered write
+constexpr size_t kMaxErrorText = 64 << 10;           // error messages are truncated to this
+constexpr size_t kGrowStep = 1 << 20;                // buffers grow as bytes arrive, not up front
+
+uint32_t handler_key(proto::ServiceId service, uint16_t method) {
+  return (static_cast<uint32_t>(service) << 16) | method;
+}
+
+const char* service_name(proto::ServiceId s) {
+  switch (s) {
+    case proto::ServiceId::kMeta: return "meta";
+    case proto::ServiceId::kData: return "data";
+  }
+  return "unknown";
+}
+
+struct HandlerEntry {
+  std::string name;
+  RpcServer::RawHandler fn;
+};
+
+struct Response {
+  std::array<uint8_t, proto::kFrameHeaderSize> header{};
+  std::string message;
+  std::vector<uint8_t> bulk;
+  bool close_after = false;  // the request was undecodable: close once the error is sent
+};
+
+Response make_response(const proto::FrameHeader& req, Result<std::string> result, std::vector<uint8_t> bulk) {
+  Response r;
+  proto::FrameHeader h;
+  h.kind = proto::FrameKind::kResponse;
+  h.service = req.service;
+  h.method = req.method;
+  h.request_id = req.request_id;
+  if (result.has_value() && (result->size() > proto::kMaxMessageBytes || bulk.size() > proto::kMaxBulkBytes)) {
+    result = Status(Code::kInternal, "response over the frame limits (message " + std::to_string(result->size()) +
+                                         " bytes, bulk " + std::to_string(bulk.size()) + " bytes)");
+  }
+  if (result.has_value()) {
+    r.message = std::move(result).value();
+    r.bulk = std::move(bulk);
+  } else {
+    const Status& st = result.error();
+    h.status = static_cast<uint32_t>(st.code());
+    r.message = st.message().substr(0, kMaxErrorText);
+    r.close_after = st.code() == Code::kProtocol;
+  }
+  h.message_len = static_cast<uint32_t>(r.message.size());
+  h.bulk_len = static_cast<uint32_t>(r.bulk.size());
+  r.header = proto::encode_header(h);
+  return r;
+}
+
+}  // namespace
+
+class ServerConnection;
+
+// Everything the server shares with its connections (RpcServer::Impl is this, by another name).
+struct ServerState {
+  explicit ServerState(ServerOptions o) : options(std::move(o)), accept_strand(asio::make_strand(io)), acceptor(accept_strand) {}
+
+  void remove(const std::shared_ptr<ServerConnection>& conn) {
+    std::lock_guard<std::mutex> lock(mu);
+    conns.erase(conn);
+  }
+  asio::awaitable<void> accept_loop();
+
+  ServerOptions options;
+  std::unordered_map<uint32_t, HandlerEntry> handlers;  // frozen by start()
+  asio::io_context io;
+  Strand accept_strand;
+  tcp::acceptor acceptor;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
+  std::unique_ptr<asio::thread_pool> workers;
+  std::vector<std::thread> threads;
+  uint16_t port = 0;
+
+  std::mutex mu;                 // leaf
+  bool started = false;          // guarded by mu
+  bool stopped = false;          // guarded by mu
+  std::unordered_set<std::shared_ptr<ServerConnection>> conns;  // guarded by mu
+};
+
+struct RpcServer::Impl : ServerState {
+  using ServerState::ServerState;
+};
+
+class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
+ public:
+  ServerConnection(ServerState* server, Strand strand, tcp::socket socket, std::string peer)
+      : server_(server), strand_(std::move(strand)), socket_(std::move(socket)), resume_(strand_), peer_(std::move(peer)) {}
+
+  void start() {
+    asio::co_spawn(strand_, read_loop(shared_from_this()), asio::detached);
+  }
+
+  void shutdown() {
+    asio::post(strand_, [self = shared_from_this()] { self->close(); });
+  }
+
+ private:
+  struct Incoming {
+    proto::FrameHeader header;
+    std::vector<uint8_t> message;
+    std::vector<uint8_t> bulk;
+  };
+
+  static asio::awaitable<void> read_loop(std::shared_ptr<ServerConnection> self) { co_await self->read_frames(); }
+
+  // Reads `n` bytes into `buf`, growing it as bytes arrive so a lying length costs no memory.
+  asio::awaitable<error_code> read_growing(std::vector<uint8_t>& buf, size_t n) {
+    buf.clear();
+    error_code ec;
+    while (buf.size() < n) {
+      size_t have = buf.size();
+      size_t step = std::min(n - have, std::max(kGrowStep, have));
+      buf.resize(have + step);
+      co_await asio::async_read(socket_, asio::buffer(buf.data() + have, step),
+                                asio::redirect_error(asio::use_awaitable, ec));
+      if (ec) co_return ec;
+    }
+    co_return ec;
+  }
+
+  asio::awaitable<void> read_frames() {
+    std::array<uint8_t, proto::kFrameHeaderSize> hbuf{};
+    for (;;) {
+      error_code ec;
+      while (!closed_ && (inflight_ >= kMaxInflightRequests || inflight_bytes_ >= kMaxInflightBytes)) {
+        resume_.expires_at(asio::steady_timer::time_point::max());
+        reader_waiting_ = true;
+        co_await resume_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        reader_waiting_ = false;
+      }
+      if (closed_) co_return;
+      co_await asio::async_read(socket_, asio::buffer(hbuf), asio::redirect_error(asio::use_awaitable, ec));
+      if (closed_) co_return;
+      if (ec) {
+        if (ec != asio::error::eof) {
+          PENSTOCK_LOG(Debug) << "connection from " << peer_ << " lost: " << ec.message();
+        }
+        close();
+        co_return;
+      }
+      auto header = proto::decode_header(hbuf);
+      if (!header.has_value()) {
+        PENSTOCK_LOG(Warn) << "closing connection from " << peer_ << ": " << header.error().to_string();
+        close();
+        co_return;
+      }
+      if (header->kind != proto::FrameKind::kRequest) {
+        PENSTOCK_LOG(Warn) << "closing connection from " << peer_ << ": a response frame sent to the server";
+        close();
+        co_return;
+      }
+      Incoming in;
+      in.header = *header;
+      ec = co_await read_growing(in.message, header->message_len);
+      if (!ec) ec = co_await read_growing(in.bulk, header->bulk_len);
+      if (closed_) co_return;
+      if (ec) {
+        PENSTOCK_LOG(Debug) << "connection from " << peer_ << " lost mid-frame: " << ec.message();
+        close();
+        co_return;
+      }
+      const uint64_t bytes = in.message.size() + in.bulk.size();
+      ++inflight_;
+      inflight_bytes_ += bytes;
+      auto it = server_->handlers.find(handler_key(header->service, header->method));
+      if (it == server_->handlers.end()) {
+        enqueue(make_response(in.header,
+                              Status(Code::kNotSupported, "unknown method " + std::to_string(header->method) +
+                                                              " of service " + service_name(header->service)),
+                              {}),
+                bytes);
+        continue;
+      }
+      const HandlerEntry* entry = &it->second;
+      asio::post(*server_->workers, [self = shared_from_this(), entry, in = std::move(in), bytes]() mutable {
+        self->run_handler(*entry, std::move(in), bytes);
+      });
+    }
+  }
+
+  // Worker thread.
+  void run_handler(const HandlerEntry& entry, Incoming in, uint64_t bytes) {
+    RequestContext ctx(in.bulk, peer_);
+    Result<std::string> result = [&]() -> Result<std::string> {
+      try {
+        return entry.fn(in.message, ctx);
+      } catch (const std::exception& e) {
+        return Status(Code::kInternal, "handler " + entry.name + " threw: " + e.what());
+      } catch (...) {
+        return Status(Code::kInternal, "handler " + entry.name + " threw a non-standard exception");
+      }
+    }();
+    if (!result.has_value() && result.error().code() == Code::kProtocol) {
+      PENSTOCK_LOG(Warn) << "closing connection from " << peer_ << " after an undecodable " << entry.name
+                         << " request: " << result.error().message();
+    }
+    Response resp = make_response(in.header, std::move(result), std::move(ctx.bulk_out()));
+    asio::post(strand_, [self = shared_from_this(), resp = std::move(resp), bytes]() mutable {
+      self->enqueue(std::move(resp), bytes);
+    });
+  }
+
+  // ---- strand ----
+  void enqueue(Response resp, uint64_t bytes) {
+    --inflight_;
+    inflight_bytes_ -= bytes;
+    if (reader_waiting_) resume_.cancel();
+    if (closed_) return;
+    queue_.push_back(std::move(resp));
+    if (!writing_) do_write();
+  }
+
+  void do_write() {
+    batch_.clear();
+    buffers_.clear();
+    while (!queue_.empty() && batch_.size() < kMaxBatch) {
+      batch_.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+      if (batch_.back().close_after) break;  // nothing after it will be sent
+    }
+    if (batch_.empty()) {
+      writing_ = false;
+      return;
+    }
+    for (const auto& r : batch_) {
+      buffers_.emplace_back(r.header.data(), r.header.size());
+      if (!r.message.empty()) buffers_.emplace_back(r.message.data(), r.message.size());
+      if (!r.bulk.empty()) buffers_.emplace_back(r.bulk.data(), r.bulk.size());
+    }
+    writing_ = true;
+    asio::async_write(socket_, buffers_,
+                      asio::bind_executor(strand_, [self = shared_from_this()](error_code ec, size_t) {
+                        self->on_written(ec);
+                      }));
+  }
+
+  void on_written(error_code ec) {
+    writing_ = false;
+    const bool close_now = !batch_.empty() && batch_.back().close_after;
+    batch_.clear();
+    if (closed_) return;
+    if (ec) {
+      PENSTOCK_LOG(Debug) << "writing to " << peer_ << " failed: " << ec.message();
+      close();
+      return;
+    }
+    if (close_now) {
+      close();
+      return;
+    }
+    do_write();
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+    resume_.cancel();
+    queue_.clear();
+    server_->remove(shared_from_this());
+  }
+
+  ServerState* server_;
+  Strand strand_;
+  tcp::socket socket_;
+  asio::steady_timer resume_;
+  const std::string peer_;
+
+  // Strand-only state.
+  bool closed_ = false;
+  bool reader_waiting_ = false;
+  bool writing_ = false;
+  uint32_t inflight_ = 0;
+  uint64_t inflight_bytes_ = 0;
+  std::deque<Response> queue_;
+  std::vector<Response> batch_;
+  std::vector<asio::const_buffer> buffers_;
+};
+
+asio::awaitable<void> ServerState::accept_loop() {
+  for (;;) {
+    Strand strand = asio::make_strand(io);
+    tcp::socket socket(strand);
+    error_code ec;
+    co_await acceptor.async_accept(socket, asio::redirect_error(asio::use_awaitable, ec));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stopped) co_return;
+    }
+    if (ec) {
+      if (ec == asio::error::operation_aborted) co_return;
+      PENSTOCK_LOG(Warn) << "accept on port " << port << " failed: " << ec.message() << "; retrying in 100 ms";
+      asio::steady_timer pause(accept_strand, std::chrono::milliseconds(100));
+      co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      continue;
+    }
+    error_code pec;
+    auto remote = socket.remote_endpoint(pec);
+    std::string peer = pec ? std::string("unknown peer") : remote.address().to_string() + ":" + std::to_string(remote.port());
+    socket.set_option(tcp::no_delay(true), pec);
+    std::shared_ptr<ServerConnection> conn;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (conns.size() >= options.max_connections) {
+        PENSTOCK_LOG(Warn) << "refusing connection from " << peer << ": " << conns.size()
+                           << " connections open (max_connections)";
+        socket.close(pec);
+        continue;
+      }
+      conn = std::make_shared<ServerConnection>(this, strand, std::move(socket), std::move(peer));
+      conns.insert(conn);
+    }
+    conn->start();
+  }
+}
+
+RpcServer::RpcServer(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+RpcServer::~RpcServer() { stop(); }
+
+void RpcServer::add_handler(proto::ServiceId service, uint16_t method, std::string name, RawHandler handler) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    PENSTOCK_CHECK(!impl_->started);  // handlers are registered before start()
+  }
+  auto [it, inserted] = impl_->handlers.emplace(handler_key(service, method), HandlerEntry{std::move(name), std::move(handler)});
+  PENSTOCK_CHECK(inserted);  // one handler per (service, method)
+  (void)it;
+}
+
+Status RpcServer::start() {
+  Impl& s = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.started || s.stopped) return Status(Code::kInvalid, "RpcServer::start called twice");
+  }
+  const std::string where = s.options.listen.to_string();
+  auto fail = [&](const std::string& what, const error_code& ec) {
+    error_code ignored;
+    s.acceptor.close(ignored);
+    return Status(Code::kUnavailable, "cannot listen on " + where + ": " + what + ": " + ec.message() +
+                                          " (is another process using the port?)");
+  };
+  error_code ec;
+  tcp::endpoint ep;
+  auto addr = asio::ip::make_address(s.options.listen.host, ec);
+  if (!ec) {
+    ep = tcp::endpoint(addr, s.options.listen.port);
+  } else {
+    tcp::resolver resolver(s.io);
+    auto results = resolver.resolve(s.options.listen.host, std::to_string(s.options.listen.port), ec);
+    if (ec || results.empty()) return fail("resolve", ec);
+    ep = results.begin()->endpoint();
+  }
+  s.acceptor.open(ep.protocol(), ec);
+  if (ec) return fail("open", ec);
+  s.acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (ec) return fail("SO_REUSEADDR", ec);
+  s.acceptor.bind(ep, ec);
+  if (ec) return fail("bind", ec);
+  s.acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return fail("listen", ec);
+  s.port = s.acceptor.local_endpoint(ec).port();
+  if (ec) return fail("local_endpoint", ec);
+
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.started = true;
+  }
+  s.workers = std::make_unique<asio::thread_pool>(static_cast<size_t>(std::max(1, s.options.worker_threads)));
+  s.guard.emplace(s.io.get_executor());
+  asio::co_spawn(s.accept_strand, s.accept_loop(), asio::detached);
+  for (int i = 0; i < std::max(1, s.options.io_threads); ++i) {
+    s.threads.emplace_back([&s] { s.io.run(); });
+  }
+  PENSTOCK_LOG(Info) << "RPC server listening on " << ep.address().to_string() << ":" << s.port;
+  return Status::ok();
+}
+
+uint16_t RpcServer::port() const { return impl_->port; }
+
+void RpcServer::stop() {
+  Impl& s = *impl_;
+  std::vector<std::shared_ptr<ServerConnection>> conns;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.stopped) return;
+    s.stopped = true;
+    if (!s.started) return;
+    conns.assign(s.conns.begin(), s.conns.end());
+  }
+  asio::post(s.accept_strand, [&s] {
+    error_code ignored;
+    s.acceptor.close(ignored);
+  });
+  for (auto& c : conns) c->shutdown();
+  conns.clear();
+  // Running handlers finish; their responses are dropped by the closed connections.
+  s.workers->join();
+  s.guard.reset();
+  for (auto& t : s.threads) t.join();
+  s.threads.clear();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.conns.clear();
+}
+
+}  // namespace penstock::rpc

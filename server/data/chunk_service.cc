@@ -1,0 +1,94 @@
+#include "server/data/chunk_service.h"
+
+#include <mutex>
+#include <string>
+
+#include "common/layout/layout.h"
+
+namespace penstock::data {
+namespace {
+
+Status no_bulk(std::span<const uint8_t> bulk, const char* method) {
+  if (!bulk.empty()) {
+    return Status(Code::kInvalid, std::string(method) + " carries no data, but the request had " +
+                                      std::to_string(bulk.size()) + " bulk bytes");
+  }
+  return Status::ok();
+}
+
+Status check_key(const proto::data::ChunkKey& key, uint64_t offset, uint64_t length, const char* method) {
+  if (!key.ino.valid()) return Status(Code::kInvalid, std::string(method) + ": inode 0 is not a file");
+  Status st = layout::validate_chunk_size(key.chunk_size);
+  if (!st.is_ok()) return st.with_context(method);
+  if (offset + length > key.chunk_size) {
+    return Status(Code::kInvalid, std::string(method) + " [" + std::to_string(offset) + ", +" +
+                                      std::to_string(length) + ") does not fit a chunk of " +
+                                      std::to_string(key.chunk_size) + " bytes");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+void ChunkService::set_served(std::unordered_map<TargetId, std::shared_ptr<ChunkStore>> served) {
+  std::unique_lock<std::shared_mutex> g(mu_);
+  served_ = std::move(served);
+}
+
+Result<std::shared_ptr<ChunkStore>> ChunkService::store_for(TargetId target) const {
+  std::shared_lock<std::shared_mutex> g(mu_);
+  auto it = served_.find(target);
+  if (it == served_.end()) {
+    return Status(Code::kNotFound, "target " + target.to_string() + " is not served here");
+  }
+  return it->second;
+}
+
+Result<proto::data::WriteResp> ChunkService::write(const proto::data::WriteReq& req,
+                                                   std::span<const uint8_t> bulk_in) {
+  PENSTOCK_ASSIGN_OR_RETURN(auto store, store_for(req.key.target));
+  if (bulk_in.empty()) return Status(Code::kInvalid, "Write carries no data bytes");
+  PENSTOCK_RETURN_IF_ERROR(check_key(req.key, req.offset, bulk_in.size(), "Write"));
+  PENSTOCK_ASSIGN_OR_RETURN(uint64_t length,
+                            store->write(req.key.ino, req.key.chunk_index, req.key.chunk_size, req.offset, bulk_in));
+  return proto::data::WriteResp{length};
+}
+
+Result<proto::data::ReadResp> ChunkService::read(const proto::data::ReadReq& req, std::span<const uint8_t> bulk_in,
+                                                 std::vector<uint8_t>* bulk_out) {
+  PENSTOCK_ASSIGN_OR_RETURN(auto store, store_for(req.key.target));
+  PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "Read"));
+  PENSTOCK_RETURN_IF_ERROR(check_key(req.key, req.offset, req.length, "Read"));
+  bulk_out->resize(req.length);
+  auto n = store->read(req.key.ino, req.key.chunk_index, req.key.chunk_size, req.offset, *bulk_out);
+  if (!n.has_value()) {
+    bulk_out->clear();
+    return n.error();
+  }
+  bulk_out->resize(*n);
+  return proto::data::ReadResp{*n};
+}
+
+Status ChunkService::truncate(const proto::data::TruncateReq& req, std::span<const uint8_t> bulk_in) {
+  PENSTOCK_ASSIGN_OR_RETURN(auto store, store_for(req.target));
+  PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "Truncate"));
+  if (!req.ino.valid()) return Status(Code::kInvalid, "Truncate: inode 0 is not a file");
+  PENSTOCK_RETURN_IF_ERROR(layout::validate_chunk_size(req.chunk_size).with_context("Truncate"));
+  return store->truncate(req.ino, req.size, req.chunk_size);
+}
+
+Status ChunkService::remove(const proto::data::RemoveReq& req, std::span<const uint8_t> bulk_in) {
+  PENSTOCK_ASSIGN_OR_RETURN(auto store, store_for(req.target));
+  PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "Remove"));
+  if (!req.ino.valid()) return Status(Code::kInvalid, "Remove: inode 0 is not a file");
+  return store->remove(req.ino);
+}
+
+Status ChunkService::sync(const proto::data::SyncReq& req, std::span<const uint8_t> bulk_in) {
+  PENSTOCK_ASSIGN_OR_RETURN(auto store, store_for(req.target));
+  PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "Sync"));
+  if (!req.ino.valid()) return Status(Code::kInvalid, "Sync: inode 0 is not a file");
+  return store->sync(req.ino);
+}
+
+}  // namespace penstock::data

@@ -1,0 +1,49 @@
+// ChunkService: the data service's request handling without the network: validates each request
+// of common/proto/data_service.h, finds the ChunkStore of the named TargetId and runs it. The RPC
+// bindings (data_server.h) only move bytes between frames and these calls, so every rule here is
+// unit-tested without sockets.
+//
+// Which TargetIds are served changes at runtime (the meta server assigns them at registration);
+// until set_served() has been called every request is refused with kNotFound.
+// Thread-safety: every method may be called from any thread at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "common/base/ids.h"
+#include "common/base/result.h"
+#include "common/proto/data_service.h"
+#include "server/data/chunk_store.h"
+
+namespace penstock::data {
+
+class ChunkService {
+ public:
+  // Replaces the served set: requests naming these TargetIds go to these stores.
+  void set_served(std::unordered_map<TargetId, std::shared_ptr<ChunkStore>> served);
+  // The store serving `target`; kNotFound "target T is not served here".
+  Result<std::shared_ptr<ChunkStore>> store_for(TargetId target) const;
+
+  // Each call validates its request and returns kInvalid naming what is wrong: chunk_size not a
+  // valid layout size, offset + length past chunk_size, a request bulk that does not match
+  // (Write: the bulk is the data, at least one byte; others: no bulk at all), inode 0.
+  // kNotFound for an unknown target; otherwise the ChunkStore's errors.
+  Result<proto::data::WriteResp> write(const proto::data::WriteReq& req, std::span<const uint8_t> bulk_in);
+  // On success `bulk_out` holds exactly resp.length bytes.
+  Result<proto::data::ReadResp> read(const proto::data::ReadReq& req, std::span<const uint8_t> bulk_in,
+                                     std::vector<uint8_t>* bulk_out);
+  Status truncate(const proto::data::TruncateReq& req, std::span<const uint8_t> bulk_in);
+  Status remove(const proto::data::RemoveReq& req, std::span<const uint8_t> bulk_in);
+  Status sync(const proto::data::SyncReq& req, std::span<const uint8_t> bulk_in);
+
+ private:
+  mutable std::shared_mutex mu_;  // guards served_
+  std::unordered_map<TargetId, std::shared_ptr<ChunkStore>> served_;
+};
+
+}  // namespace penstock::data

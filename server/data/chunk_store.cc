@@ -1,0 +1,515 @@
+#include "server/data/chunk_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/base/log.h"
+#include "common/checksum/checksum.h"
+#include "common/layout/layout.h"
+#include "server/data/chunk_format.h"
+#include "server/data/uring_io.h"
+
+namespace penstock::data {
+namespace {
+
+constexpr uint64_t kB = kBlockSize;
+
+// Closes the descriptor it owns.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    reset(std::exchange(o.fd_, -1));
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(-1); }
+  void reset(int fd) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+std::string chunk_name(InodeId ino, uint64_t index) {
+  return "chunk " + std::to_string(ino.value) + "/" + std::to_string(index);
+}
+
+Status errno_error(int err, const std::string& what) {
+  Code code = (err == ENOSPC || err == EDQUOT) ? Code::kNoSpace : Code::kIo;
+  return Status(code, what + ": " + std::strerror(err));
+}
+
+struct OpenChunk {
+  Fd fd;
+  ChunkHeader header;
+  uint64_t length = 0;
+};
+
+std::atomic<bool> g_fallocate_warned{false};
+
+Status validate_common(InodeId ino, uint32_t chunk_size) {
+  if (!ino.valid()) return Status(Code::kInvalid, "inode 0 is not a file");
+  return layout::validate_chunk_size(chunk_size);
+}
+
+// Reads one block's table entry range [first, first + n) of an open chunk.
+IoOp table_read(const OpenChunk& c, uint64_t first_block, std::vector<uint8_t>* buf) {
+  return IoOp::read(c.fd.get(), c.header.table_offset + first_block * kTableEntrySize, {std::span<uint8_t>(*buf)});
+}
+
+// Which slot of `e` matches `sum`: 1 current, 2 previous, 0 neither.
+int match_slot(const TableEntry& e, uint64_t sum) {
+  if (e.current == sum) return 1;
+  if (e.previous == sum) return 2;
+  return 0;
+}
+
+Status corrupt_block(const Target& t, InodeId ino, uint64_t index, uint64_t block) {
+  return Status(Code::kCorrupt, chunk_name(ino, index) + " block " + std::to_string(block) +
+                                    " fails its checksum on target " + t.path() +
+                                    "; the bytes are not returned (read another replica)");
+}
+
+// Opens an existing chunk and validates its header. kNotFound when there is none: a missing file,
+// or one whose header was never written (a crash between create and the first fsync).
+Result<OpenChunk> open_chunk(const Target& t, InodeId ino, uint64_t index, int flags) {
+  std::string path = t.chunk_path(ino, index);
+  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return Status(Code::kNotFound, chunk_name(ino, index) + " is not on this target");
+    return errno_error(errno, "cannot open " + path);
+  }
+  OpenChunk c;
+  c.fd.reset(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return errno_error(errno, "cannot stat " + path);
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  std::vector<uint8_t> hdr(kChunkHeaderSize, 0);
+  if (size < kChunkHeaderSize) {
+    if (size == 0) return Status(Code::kNotFound, chunk_name(ino, index) + " was never written");
+    return Status(Code::kCorrupt, path + " is shorter than a chunk header");
+  }
+  IoOp op = IoOp::read(fd, 0, {std::span<uint8_t>(hdr)});
+  Status st_read = run_io(std::span<IoOp>(&op, 1), false);
+  if (!st_read.is_ok()) return st_read.with_context("reading the header of " + path);
+  if (std::all_of(hdr.begin(), hdr.end(), [](uint8_t b) { return b == 0; })) {
+    return Status(Code::kNotFound, chunk_name(ino, index) + " was never written");
+  }
+  auto h = decode_chunk_header(hdr);
+  if (!h.has_value()) return h.error().with_context(path);
+  if (h->ino != ino.value || h->chunk_index != index) {
+    return Status(Code::kCorrupt, path + " holds the header of chunk " + std::to_string(h->ino) + "/" +
+                                      std::to_string(h->chunk_index));
+  }
+  if (size < h->data_offset || size - h->data_offset > h->chunk_size) {
+    return Status(Code::kCorrupt, path + " has a size (" + std::to_string(size) + ") that no chunk of " +
+                                      std::to_string(h->chunk_size) + " bytes can have");
+  }
+  c.header = *h;
+  c.length = size - h->data_offset;
+  return c;
+}
+
+Status check_chunk_size(const OpenChunk& c, InodeId ino, uint64_t index, uint32_t chunk_size) {
+  if (c.header.chunk_size != chunk_size) {
+    return Status(Code::kInvalid, chunk_name(ino, index) + " was created with chunk size " +
+                                      std::to_string(c.header.chunk_size) + ", request says " +
+                                      std::to_string(chunk_size));
+  }
+  return Status::ok();
+}
+
+// fallocate with the given mode; EOPNOTSUPP is not an error (logged once): the file system then
+// cannot promise space ahead and ENOSPC may surface from the write itself.
+Status reserve(int fd, int mode, uint64_t offset, uint64_t length, const std::string& what) {
+  if (length == 0) return Status::ok();
+  int rc = 0;
+  do {
+    rc = ::fallocate(fd, mode, static_cast<off_t>(offset), static_cast<off_t>(length));
+  } while (rc != 0 && errno == EINTR);
+  if (rc == 0) return Status::ok();
+  if (errno == EOPNOTSUPP) {
+    if (!g_fallocate_warned.exchange(true)) {
+      PENSTOCK_LOG(Warn) << "fallocate is not supported here (" << what
+                         << "); a full disk may then fail a write midway. Put targets on ext4 or xfs";
+    }
+    return Status::ok();
+  }
+  return errno_error(errno, what);
+}
+
+// Creates a chunk file: header and zeroed table are written to "<index>.tmp", space for them is
+// reserved, then it is renamed into place, so a chunk file always starts with a complete header.
+Result<OpenChunk> create_chunk(const Target& t, InodeId ino, uint64_t index, uint32_t chunk_size) {
+  std::string dir = t.inode_dir(ino);
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return errno_error(errno, "cannot create " + dir);
+  std::string path = t.chunk_path(ino, index);
+  std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return errno_error(errno, "cannot create " + tmp);
+  OpenChunk c;
+  c.fd.reset(fd);
+  c.header = make_chunk_header(ino.value, index, chunk_size);
+  std::vector<uint8_t> head(c.header.data_offset, 0);
+  auto encoded = encode_chunk_header(c.header);
+  std::copy(encoded.begin(), encoded.end(), head.begin());
+  Status st = reserve(fd, 0, 0, head.size(), "reserving the header of " + tmp);
+  if (st.is_ok()) {
+    IoOp op = IoOp::write(fd, 0, {std::span<const uint8_t>(head)});
+    st = run_io(std::span<IoOp>(&op, 1), false);
+  }
+  if (st.is_ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st = errno_error(errno, "cannot rename " + tmp);
+  if (!st.is_ok()) {
+    ::unlink(tmp.c_str());
+    return st.with_context("creating " + chunk_name(ino, index) + " on " + t.path());
+  }
+  c.length = 0;
+  return c;
+}
+
+// The bytes [pos, pos + len) of a virtual buffer made of consecutive pieces, copied to dst.
+void gather(std::span<const std::span<const uint8_t>> pieces, uint64_t pos, uint64_t len, uint8_t* dst) {
+  uint64_t base = 0;
+  for (auto p : pieces) {
+    uint64_t pend = base + p.size();
+    if (pos < pend && len > 0) {
+      uint64_t from = pos - base;
+      uint64_t n = std::min<uint64_t>(len, p.size() - from);
+      std::memcpy(dst, p.data() + from, n);
+      dst += n;
+      pos += n;
+      len -= n;
+    }
+    base = pend;
+  }
+}
+
+}  // namespace
+
+ChunkStore::ChunkStore(std::shared_ptr<Target> target) : target_(std::move(target)) {}
+
+Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint32_t offset,
+                                   std::span<const uint8_t> data) {
+  PENSTOCK_RETURN_IF_ERROR(validate_common(ino, chunk_size));
+  if (data.empty()) return Status(Code::kInvalid, "write of 0 bytes to " + chunk_name(ino, chunk_index));
+  if (static_cast<uint64_t>(offset) + data.size() > chunk_size) {
+    return Status(Code::kInvalid, "write [" + std::to_string(offset) + ", +" + std::to_string(data.size()) +
+                                      ") does not fit a chunk of " + std::to_string(chunk_size) + " bytes");
+  }
+  auto inode_guard = inode_locks_.lock_shared(ino.value);
+  auto chunk_guard = chunk_locks_.lock({ino.value, chunk_index});
+
+  bool created = false;
+  auto opened = open_chunk(*target_, ino, chunk_index, O_RDWR);
+  if (!opened.has_value() && opened.error().code() == Code::kNotFound) {
+    opened = create_chunk(*target_, ino, chunk_index, chunk_size);
+    created = true;
+  }
+  if (!opened.has_value()) return opened.error();
+  OpenChunk& c = *opened;
+  PENSTOCK_RETURN_IF_ERROR(check_chunk_size(c, ino, chunk_index, chunk_size));
+  const std::string path = target_->chunk_path(ino, chunk_index);
+  const int fd = c.fd.get();
+
+  const uint64_t cur_len = c.length;
+  const uint64_t off = offset;
+  const uint64_t end = off + data.size();
+  const uint64_t new_len = std::max(cur_len, end);
+  // Blocks whose checksum changes: from the one holding min(offset, old end) (a partial old last
+  // block is re-summed over the zeros that now follow it) to the one holding the write's end.
+  const uint64_t first_b = std::min(off, cur_len) / kB;
+  const uint64_t last_b = (end - 1) / kB;
+  const uint64_t nb = last_b - first_b + 1;
+
+  // Blocks with old bytes that the write does not cover must be read and verified.
+  auto old_end_of = [&](uint64_t b) { return std::min(b * kB + kB, cur_len); };
+  auto needs_old = [&](uint64_t b) {
+    uint64_t bstart = b * kB;
+    uint64_t oend = old_end_of(b);
+    return oend > bstart && !(off <= bstart && end >= oend);
+  };
+  std::vector<uint64_t> old_blocks;
+  if (needs_old(first_b)) old_blocks.push_back(first_b);
+  if (last_b != first_b && needs_old(last_b)) old_blocks.push_back(last_b);
+
+  std::vector<uint8_t> table(nb * kTableEntrySize);
+  std::vector<std::vector<uint8_t>> old_bytes(old_blocks.size());
+  std::vector<IoOp> reads;
+  reads.push_back(table_read(c, first_b, &table));
+  for (size_t i = 0; i < old_blocks.size(); ++i) {
+    uint64_t bstart = old_blocks[i] * kB;
+    old_bytes[i].resize(old_end_of(old_blocks[i]) - bstart);
+    reads.push_back(IoOp::read(fd, c.header.data_offset + bstart, {std::span<uint8_t>(old_bytes[i])}));
+  }
+  Status st = run_io(reads, false);
+  if (!st.is_ok()) return st.with_context("reading " + path);
+
+  std::vector<TableEntry> entries(nb);
+  for (uint64_t i = 0; i < nb; ++i) entries[i] = decode_table_entry(table.data() + i * kTableEntrySize);
+  std::vector<uint64_t> old_sum(old_blocks.size());
+  for (size_t i = 0; i < old_blocks.size(); ++i) {
+    uint64_t sum = checksum::xxh3(old_bytes[i]);
+    const TableEntry& e = entries[old_blocks[i] - first_b];
+    if (match_slot(e, sum) == 0) return corrupt_block(*target_, ino, chunk_index, old_blocks[i]);
+    old_sum[i] = sum;
+  }
+
+  // New table entries: `current` = the block's new contents, `previous` = what is on disk now.
+  std::vector<uint8_t> new_table(nb * kTableEntrySize);
+  std::vector<uint8_t> block(kB);
+  for (uint64_t b = first_b; b <= last_b; ++b) {
+    uint64_t bstart = b * kB;
+    uint64_t bend = std::min(bstart + kB, new_len);
+    uint64_t sum = 0;
+    if (bstart >= off && bend <= end) {
+      sum = checksum::xxh3(data.subspan(bstart - off, bend - bstart));
+    } else if (bstart >= cur_len && bend <= off && bend - bstart == kB) {
+      sum = zero_block_checksum();
+    } else {
+      std::fill(block.begin(), block.end(), 0);
+      for (size_t i = 0; i < old_blocks.size(); ++i) {
+        if (old_blocks[i] == b) std::memcpy(block.data(), old_bytes[i].data(), old_bytes[i].size());
+      }
+      uint64_t from = std::max(bstart, off);
+      uint64_t to = std::min(bend, end);
+      if (to > from) std::memcpy(block.data() + (from - bstart), data.data() + (from - off), to - from);
+      sum = checksum::xxh3(std::span<const uint8_t>(block.data(), bend - bstart));
+    }
+    TableEntry e = entries[b - first_b];
+    uint64_t previous = e.current;
+    for (size_t i = 0; i < old_blocks.size(); ++i) {
+      if (old_blocks[i] == b) previous = old_sum[i];
+    }
+    encode_table_entry(TableEntry{sum, previous}, new_table.data() + (b - first_b) * kTableEntrySize);
+  }
+
+  // Reserve the data blocks first: ENOSPC arrives here, before any byte of the chunk changed.
+  const uint64_t alloc_start = c.header.data_offset + off / kB * kB;
+  const uint64_t alloc_end = c.header.data_offset + (end + kB - 1) / kB * kB;
+  st = reserve(fd, FALLOC_FL_KEEP_SIZE, alloc_start, alloc_end - alloc_start, "reserving space in " + path);
+  if (!st.is_ok()) {
+    // Give back what a partial reservation took past the end of the file (KEEP_SIZE leaves the
+    // file's bytes as they were; this only returns blocks no byte of the chunk lives in).
+    uint64_t file_end = (c.header.data_offset + cur_len + kB - 1) / kB * kB;
+    uint64_t from = std::max(alloc_start, file_end);
+    if (alloc_end > from) {
+      (void)::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from),
+                        static_cast<off_t>(alloc_end - from));
+    }
+    if (created) ::unlink(path.c_str());
+    return st.with_context("write to " + chunk_name(ino, chunk_index) + " on " + target_->path());
+  }
+
+  // Table before data, linked in one submit: until the data lands the old bytes match `previous`.
+  IoOp ops[2] = {
+      IoOp::write(fd, c.header.table_offset + first_b * kTableEntrySize, {std::span<const uint8_t>(new_table)}),
+      IoOp::write(fd, c.header.data_offset + off, {data}),
+  };
+  st = run_io(ops, true);
+  if (!st.is_ok()) return st.with_context("writing " + path);
+  return new_len;
+}
+
+Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint32_t offset,
+                                  std::span<uint8_t> out) {
+  PENSTOCK_RETURN_IF_ERROR(validate_common(ino, chunk_size));
+  if (static_cast<uint64_t>(offset) + out.size() > chunk_size) {
+    return Status(Code::kInvalid, "read [" + std::to_string(offset) + ", +" + std::to_string(out.size()) +
+                                      ") does not fit a chunk of " + std::to_string(chunk_size) + " bytes");
+  }
+  auto inode_guard = inode_locks_.lock_shared(ino.value);
+  auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
+  auto opened = open_chunk(*target_, ino, chunk_index, O_RDONLY);
+  if (!opened.has_value()) {
+    if (opened.error().code() == Code::kNotFound) return 0u;
+    return opened.error();
+  }
+  OpenChunk& c = *opened;
+  PENSTOCK_RETURN_IF_ERROR(check_chunk_size(c, ino, chunk_index, chunk_size));
+  if (offset >= c.length || out.empty()) return 0u;
+  const uint64_t off = offset;
+  const uint64_t n = std::min<uint64_t>(out.size(), c.length - off);
+  const uint64_t first_b = off / kB;
+  const uint64_t last_b = (off + n - 1) / kB;
+  const uint64_t nb = last_b - first_b + 1;
+  const uint64_t span_start = first_b * kB;
+  const uint64_t span_end = std::min(last_b * kB + kB, c.length);
+
+  // The caller's buffer receives its bytes directly; only the parts of the first and last block
+  // outside it land in small side buffers (needed to verify those blocks).
+  std::vector<uint8_t> head(off - span_start);
+  std::vector<uint8_t> tail(span_end - (off + n));
+  std::vector<uint8_t> table(nb * kTableEntrySize);
+  std::span<uint8_t> body = out.first(n);
+  IoOp ops[2] = {
+      table_read(c, first_b, &table),
+      IoOp::read(c.fd.get(), c.header.data_offset + span_start, {std::span<uint8_t>(head), body, std::span<uint8_t>(tail)}),
+  };
+  Status st = run_io(ops, false);
+  if (!st.is_ok()) return st.with_context("reading " + target_->chunk_path(ino, chunk_index));
+
+  const std::span<const uint8_t> pieces[3] = {head, body, tail};
+  std::vector<uint8_t> block(kB);
+  for (uint64_t b = first_b; b <= last_b; ++b) {
+    uint64_t bstart = b * kB;
+    uint64_t bend = std::min(bstart + kB, c.length);
+    uint64_t sum = 0;
+    if (bstart >= off && bend <= off + n) {
+      sum = checksum::xxh3(body.subspan(bstart - off, bend - bstart));
+    } else {
+      gather(pieces, bstart - span_start, bend - bstart, block.data());
+      sum = checksum::xxh3(std::span<const uint8_t>(block.data(), bend - bstart));
+    }
+    TableEntry e = decode_table_entry(table.data() + (b - first_b) * kTableEntrySize);
+    if (match_slot(e, sum) == 0) return corrupt_block(*target_, ino, chunk_index, b);
+  }
+  return static_cast<uint32_t>(n);
+}
+
+Status ChunkStore::cut_chunk(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint64_t keep) {
+  auto chunk_guard = chunk_locks_.lock({ino.value, chunk_index});
+  auto opened = open_chunk(*target_, ino, chunk_index, O_RDWR);
+  if (!opened.has_value()) return opened.error().code() == Code::kNotFound ? Status::ok() : opened.error();
+  OpenChunk& c = *opened;
+  PENSTOCK_RETURN_IF_ERROR(check_chunk_size(c, ino, chunk_index, chunk_size));
+  if (keep >= c.length) return Status::ok();
+  const std::string path = target_->chunk_path(ino, chunk_index);
+  if (keep % kB != 0) {
+    // The new last block shrinks: verify what it holds now, then store the checksum of the part
+    // kept (old one as `previous`, valid until the ftruncate below lands).
+    uint64_t b = keep / kB;
+    uint64_t bstart = b * kB;
+    std::vector<uint8_t> old(std::min(bstart + kB, c.length) - bstart);
+    std::vector<uint8_t> table(kTableEntrySize);
+    IoOp reads[2] = {table_read(c, b, &table),
+                     IoOp::read(c.fd.get(), c.header.data_offset + bstart, {std::span<uint8_t>(old)})};
+    Status st = run_io(reads, false);
+    if (!st.is_ok()) return st.with_context("reading " + path);
+    TableEntry e = decode_table_entry(table.data());
+    uint64_t old_sum = checksum::xxh3(old);
+    if (match_slot(e, old_sum) == 0) return corrupt_block(*target_, ino, chunk_index, b);
+    uint64_t new_sum = checksum::xxh3(std::span<const uint8_t>(old.data(), keep - bstart));
+    encode_table_entry(TableEntry{new_sum, old_sum}, table.data());
+    IoOp w = IoOp::write(c.fd.get(), c.header.table_offset + b * kTableEntrySize, {std::span<const uint8_t>(table)});
+    st = run_io(std::span<IoOp>(&w, 1), true);
+    if (!st.is_ok()) return st.with_context("writing " + path);
+  }
+  if (::ftruncate(c.fd.get(), static_cast<off_t>(c.header.data_offset + keep)) != 0) {
+    return errno_error(errno, "cannot cut " + path);
+  }
+  return Status::ok();
+}
+
+Status ChunkStore::truncate(InodeId ino, uint64_t file_size, uint32_t chunk_size) {
+  PENSTOCK_RETURN_IF_ERROR(validate_common(ino, chunk_size));
+  auto inode_guard = inode_locks_.lock(ino.value);
+  PENSTOCK_ASSIGN_OR_RETURN(std::vector<uint64_t> chunks, target_->list_chunks(ino));
+  const uint64_t keep_count = layout::chunk_count(file_size, chunk_size);
+  bool removed = false;
+  for (uint64_t index : chunks) {
+    if (index >= keep_count) {
+      std::string path = target_->chunk_path(ino, index);
+      if (::unlink(path.c_str()) != 0 && errno != ENOENT) return errno_error(errno, "cannot remove " + path);
+      removed = true;
+    } else if (index == keep_count - 1) {
+      uint64_t keep = file_size - index * static_cast<uint64_t>(chunk_size);
+      PENSTOCK_RETURN_IF_ERROR(cut_chunk(ino, index, chunk_size, keep));
+    }
+  }
+  if (removed) {
+    std::string dir = target_->inode_dir(ino);
+    Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dfd.get() >= 0) {
+      IoOp op = IoOp::fsync(dfd.get());
+      PENSTOCK_RETURN_IF_ERROR(run_io(std::span<IoOp>(&op, 1), false));
+    }
+  }
+  return Status::ok();
+}
+
+Status ChunkStore::remove(InodeId ino) {
+  if (!ino.valid()) return Status(Code::kInvalid, "inode 0 is not a file");
+  auto inode_guard = inode_locks_.lock(ino.value);
+  std::string dir = target_->inode_dir(ino);
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) {
+    if (errno == ENOENT) return Status::ok();
+    return errno_error(errno, "cannot list " + dir);
+  }
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) {
+    std::string name(e->d_name);
+    if (name != "." && name != "..") names.push_back(std::move(name));
+  }
+  ::closedir(d);
+  for (const auto& name : names) {
+    std::string path = dir + "/" + name;
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return errno_error(errno, "cannot remove " + path);
+  }
+  if (::rmdir(dir.c_str()) != 0 && errno != ENOENT) return errno_error(errno, "cannot remove " + dir);
+  std::string bucket = target_->bucket_dir(ino);
+  Fd bfd(::open(bucket.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (bfd.get() < 0) return errno_error(errno, "cannot open " + bucket);
+  IoOp op = IoOp::fsync(bfd.get());
+  return run_io(std::span<IoOp>(&op, 1), false).with_context("syncing " + bucket);
+}
+
+Status ChunkStore::sync(InodeId ino) {
+  if (!ino.valid()) return Status(Code::kInvalid, "inode 0 is not a file");
+  auto inode_guard = inode_locks_.lock_shared(ino.value);
+  PENSTOCK_ASSIGN_OR_RETURN(std::vector<uint64_t> chunks, target_->list_chunks(ino));
+  if (chunks.empty()) return Status::ok();
+  // fsync in batches (bounded open descriptors); within a batch the fsyncs run in parallel.
+  constexpr size_t kBatch = 64;
+  for (size_t start = 0; start < chunks.size(); start += kBatch) {
+    std::vector<Fd> fds;
+    std::vector<IoOp> ops;
+    for (size_t i = start; i < std::min(chunks.size(), start + kBatch); ++i) {
+      std::string path = target_->chunk_path(ino, chunks[i]);
+      Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (fd.get() < 0) {
+        if (errno == ENOENT) continue;
+        return errno_error(errno, "cannot open " + path);
+      }
+      ops.push_back(IoOp::fsync(fd.get()));
+      fds.push_back(std::move(fd));
+    }
+    if (start == 0) {
+      // The directory entries: the chunk names (inode dir) and the inode dir's name (bucket dir).
+      for (const std::string& dir : {target_->inode_dir(ino), target_->bucket_dir(ino)}) {
+        Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        if (fd.get() < 0) return errno_error(errno, "cannot open " + dir);
+        ops.push_back(IoOp::fsync(fd.get()));
+        fds.push_back(std::move(fd));
+      }
+    }
+    Status st = run_io(ops, false);
+    if (!st.is_ok()) return st.with_context("syncing inode " + std::to_string(ino.value) + " on " + target_->path());
+  }
+  return Status::ok();
+}
+
+Result<uint64_t> ChunkStore::chunk_length(InodeId ino, uint64_t chunk_index) {
+  auto inode_guard = inode_locks_.lock_shared(ino.value);
+  auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
+  PENSTOCK_ASSIGN_OR_RETURN(OpenChunk c, open_chunk(*target_, ino, chunk_index, O_RDONLY));
+  return c.length;
+}
+
+}  // namespace penstock::data

@@ -1,0 +1,85 @@
+// penstock-data: the data server daemon. Flags (or the same keys in a TOML file given with
+// --config) are listed by --help; none can change while the process runs.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "common/base/log.h"
+#include "server/daemon/daemon.h"
+#include "server/data/data_server.h"
+
+namespace {
+
+int fail(const std::string& what) {
+  std::fprintf(stderr, "penstock-data: %s\n", what.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace penstock;
+  CLI::App app{
+      "penstock-data: the Penstock data server. Stores file chunks (checksummed per 4 KiB block) in one or\n"
+      "more target directories, serves them over TCP and registers with penstock-meta."};
+  std::string listen = "127.0.0.1:7700";
+  std::string meta = "127.0.0.1:7600";
+  std::vector<std::string> targets;
+  std::string level = "info";
+  int heartbeat_ms = 2000;
+  int workers = 8;
+  app.set_config("--config", "", "TOML file with any of the options below (keys without the dashes, e.g. "
+                                 "target = [\"/nvme0/penstock\"]); command-line flags win");
+  app.add_option("--listen", listen,
+                 "host:port to listen on; registered with penstock-meta as the address clients connect to, "
+                 "so use an address they can reach (default 127.0.0.1:7700; port 0 picks a free port)");
+  app.add_option("--meta", meta, "host:port of penstock-meta (default 127.0.0.1:7600)");
+  app.add_option("--target", targets,
+                 "directory holding a target's chunks, created if missing; repeat for several targets "
+                 "(at least one; the first also keeps this node's node.uuid)")
+      ->required();
+  app.add_option("--log-level", level, "debug | info | warn | error (default info)");
+  app.add_option("--heartbeat-ms", heartbeat_ms,
+                 "milliseconds between heartbeats to penstock-meta carrying each target's free space "
+                 "(default 2000)")
+      ->check(CLI::Range(50, 600000));
+  app.add_option("--workers", workers,
+                 "threads running chunk requests, each with its own io_uring (default 8)")
+      ->check(CLI::Range(1, 1024));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  set_log_component("data");
+  LogLevel log_level = LogLevel::kInfo;
+  if (!parse_log_level(level, &log_level)) {
+    return fail("--log-level '" + level + "' is not one of debug, info, warn, error");
+  }
+  set_log_level(log_level);
+
+  data::DataServerOptions options;
+  auto listen_ep = net::Endpoint::parse(listen);
+  if (!listen_ep.has_value()) return fail("--listen: " + listen_ep.error().to_string());
+  auto meta_ep = net::Endpoint::parse(meta);
+  if (!meta_ep.has_value()) return fail("--meta: " + meta_ep.error().to_string());
+  options.listen = *listen_ep;
+  options.meta = *meta_ep;
+  options.targets = targets;
+  options.heartbeat = std::chrono::milliseconds(heartbeat_ms);
+  options.workers = workers;
+
+  // Before any thread starts, so that every thread inherits the blocked signal mask.
+  daemon::block_termination_signals();
+  data::DataServer server(options);
+  Status st = server.start();
+  if (!st.is_ok()) return fail(st.to_string());
+  std::string sig = daemon::wait_for_termination_signal();
+  PENSTOCK_LOG(Info) << sig << " received; stopping";
+  server.stop();
+  PENSTOCK_LOG(Info) << "stopped";
+  return 0;
+}

@@ -1,0 +1,52 @@
+// Target: one directory on a local file system where a data server keeps chunks (see
+// docs/chunk-format.md for the directory layout). Owns the directory's identity (target.uuid,
+// written durably on first use) and the path scheme; the chunk bytes are the ChunkStore's job.
+// Thread-safety: immutable after open(); every method may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/base/ids.h"
+#include "common/base/result.h"
+
+namespace penstock::data {
+
+class Target {
+ public:
+  // Number of bucket directories under chunks/ (an inode's chunks live in bucket ino % 256).
+  static constexpr uint32_t kBuckets = 256;
+
+  // Opens the target at `dir`, creating the directory, chunks/ and its buckets, and target.uuid on
+  // first use. kInvalid / kPermission / kIo (from daemon::ensure_directory) naming the path when it
+  // is not a writable directory; kCorrupt when target.uuid holds something other than a uuid.
+  static Result<std::unique_ptr<Target>> open(const std::string& dir);
+
+  const std::string& path() const { return path_; }
+  const std::string& uuid() const { return uuid_; }
+
+  struct Space {
+    uint64_t capacity_bytes = 0;
+    uint64_t free_bytes = 0;  // available to this (unprivileged) process
+  };
+  // statvfs of the file system holding the target. kIo on failure.
+  Result<Space> space() const;
+
+  std::string bucket_dir(InodeId ino) const;
+  std::string inode_dir(InodeId ino) const;
+  std::string chunk_path(InodeId ino, uint64_t chunk_index) const;
+
+  // The chunk indices of `ino` present on this target, ascending. Missing inode: empty.
+  // Names that are not a chunk index (e.g. "<index>.tmp" left by a crash) are skipped.
+  Result<std::vector<uint64_t>> list_chunks(InodeId ino) const;
+
+ private:
+  Target(std::string path, std::string uuid) : path_(std::move(path)), uuid_(std::move(uuid)) {}
+
+  std::string path_;
+  std::string uuid_;
+};
+
+}  // namespace penstock::data

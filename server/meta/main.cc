@@ -1,0 +1,148 @@
+// penstock-meta: the metadata server daemon. Parses flags (or a TOML --config file), opens the
+// RocksDB store, loads the namespace, serves the meta RPCs, runs session/node expiry and chunk GC in
+// the background, and stops cleanly on SIGTERM/SIGINT.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "common/base/log.h"
+#include "common/net/endpoint.h"
+#include "common/net/transport.h"
+#include "server/daemon/daemon.h"
+#include "server/meta/gc.h"
+#include "server/meta/meta_server.h"
+#include "server/meta/namespace.h"
+#include "server/meta/rocksdb_store.h"
+
+namespace {
+
+using namespace penstock;
+
+struct Flags {
+  std::string listen = "127.0.0.1:7600";
+  std::string db;
+  std::string log_level = "info";
+  double session_lease_s = 30;
+  double node_timeout_s = 10;
+  int workers = 8;
+};
+
+int run(const Flags& flags) {
+  LogLevel level;
+  if (!parse_log_level(flags.log_level, &level)) {
+    std::cerr << "penstock-meta: --log-level must be debug, info, warn or error, not '" << flags.log_level << "'\n";
+    return 2;
+  }
+  set_log_level(level);
+  set_log_component("meta");
+  auto ep = net::Endpoint::parse(flags.listen);
+  if (!ep.has_value()) {
+    std::cerr << "penstock-meta: --listen: " << ep.error().to_string() << "; give host:port, e.g. 127.0.0.1:7600\n";
+    return 2;
+  }
+  if (flags.session_lease_s <= 0 || flags.node_timeout_s <= 0 || flags.workers < 1) {
+    std::cerr << "penstock-meta: --session-lease-s and --node-timeout-s must be > 0 and --workers >= 1\n";
+    return 2;
+  }
+  daemon::block_termination_signals();
+
+  Status st = daemon::ensure_directory(flags.db);
+  if (!st.is_ok()) {
+    PENSTOCK_LOG(Error) << "--db: " << st.to_string();
+    return 1;
+  }
+  auto store = meta::RocksDbStore::open(flags.db);
+  if (!store.has_value()) {
+    PENSTOCK_LOG(Error) << store.error().to_string();
+    return 1;
+  }
+  meta::MetaOptions opts;
+  opts.session_lease_ns = static_cast<int64_t>(flags.session_lease_s * 1e9);
+  opts.node_timeout_ns = static_cast<int64_t>(flags.node_timeout_s * 1e9);
+  auto service = meta::MetaService::open(store->get(), opts);
+  if (!service.has_value()) {
+    PENSTOCK_LOG(Error) << service.error().to_string();
+    return 1;
+  }
+  meta::MetaService& svc = **service;
+
+  net::IoRuntime io(1);
+  meta::RpcChunkRemover remover(io, std::chrono::milliseconds(5000));
+  meta::GarbageCollector gc(svc, remover);
+  gc.start();
+
+  rpc::ServerOptions sopts;
+  sopts.listen = *ep;
+  sopts.worker_threads = flags.workers;
+  meta::MetaServer server(svc, sopts);
+  st = server.start();
+  if (!st.is_ok()) {
+    gc.stop();
+    if (st.message().find("in use") != std::string::npos) {
+      PENSTOCK_LOG(Error) << "cannot listen on " << flags.listen << ": address in use; is another penstock-meta running?";
+    } else {
+      PENSTOCK_LOG(Error) << "cannot listen on " << flags.listen << ": " << st.to_string()
+                          << "; is another penstock-meta running, or is the address wrong?";
+    }
+    return 1;
+  }
+  PENSTOCK_LOG(Info) << "penstock-meta listening on " << ep->host << ":" << server.port() << ", db " << flags.db
+                     << ", map version " << svc.map_version();
+
+  // Session and node expiry: checked often enough that a timeout is noticed within a quarter of it.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+  auto period = std::chrono::nanoseconds(std::min(opts.session_lease_ns, opts.node_timeout_ns) / 4);
+  period = std::max<std::chrono::nanoseconds>(period, std::chrono::milliseconds(50));
+  std::thread expiry([&] {
+    std::unique_lock lock(mu);
+    while (!cv.wait_for(lock, period, [&] { return stopping; })) {
+      lock.unlock();
+      Status e = svc.expire();
+      if (!e.is_ok()) {
+        PENSTOCK_LOG(Error) << "expiry pass failed: " << e.to_string();
+      }
+      lock.lock();
+    }
+  });
+
+  std::string sig = daemon::wait_for_termination_signal();
+  PENSTOCK_LOG(Info) << "got " << sig << ", stopping";
+  server.stop();
+  {
+    std::lock_guard lock(mu);
+    stopping = true;
+  }
+  cv.notify_all();
+  expiry.join();
+  gc.stop();
+  PENSTOCK_LOG(Info) << "penstock-meta stopped";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  CLI::App app{"penstock-meta: the Penstock metadata server (namespace, sessions, cluster map; RocksDB)"};
+  app.set_config("--config", "", "Read options from this TOML file (keys are the long flag names, e.g. db = \"/var/lib/penstock/meta\"); flags given on the command line win");
+  app.add_option("--listen", flags.listen, "host:port to serve metadata RPCs on (default 127.0.0.1:7600; port 0 picks a free one)")->capture_default_str();
+  app.add_option("--db", flags.db, "Directory of the RocksDB metadata database; created if missing; one penstock-meta per directory (required)")->required();
+  app.add_option("--log-level", flags.log_level, "Log level: debug, info, warn or error (default info)")->capture_default_str();
+  app.add_option("--session-lease-s", flags.session_lease_s, "Seconds a client session lives without a heartbeat before its opens are dropped (default 30)")->capture_default_str();
+  app.add_option("--node-timeout-s", flags.node_timeout_s, "Seconds without heartbeat after which a data server is marked offline (default 10)")->capture_default_str();
+  app.add_option("--workers", flags.workers, "RPC worker threads that run metadata requests (default 8)")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return run(flags);
+}

@@ -1,0 +1,66 @@
+#include "server/meta/meta_server.h"
+
+#include "common/proto/meta_service.h"
+
+namespace penstock::meta {
+
+namespace {
+
+// Adapts a MetaService method returning Status into a handler returning Result<Empty>.
+Result<proto::Empty> empty_or(Status st) {
+  if (!st.is_ok()) return st;
+  return proto::Empty{};
+}
+
+}  // namespace
+
+void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
+  using rpc::RequestContext;
+  server.handle<pm::RegisterSession>(
+      [&svc](const pm::RegisterSessionReq& r, RequestContext&) { return svc.register_session(r); });
+  server.handle<pm::Heartbeat>([&svc](const pm::SessionReq& r, RequestContext&) { return svc.heartbeat(r); });
+  server.handle<pm::CloseSession>(
+      [&svc](const pm::SessionReq& r, RequestContext&) { return empty_or(svc.close_session(r)); });
+  server.handle<pm::Lookup>([&svc](const pm::LookupReq& r, RequestContext&) { return svc.lookup(r); });
+  server.handle<pm::GetAttr>([&svc](const pm::InodeReq& r, RequestContext&) { return svc.get_attr(r); });
+  server.handle<pm::SetAttr>([&svc](const pm::SetAttrReq& r, RequestContext&) { return svc.set_attr(r); });
+  server.handle<pm::Create>([&svc](const pm::CreateReq& r, RequestContext&) { return svc.create(r); });
+  server.handle<pm::Mknod>([&svc](const pm::MknodReq& r, RequestContext&) { return svc.mknod(r); });
+  server.handle<pm::Mkdir>([&svc](const pm::MkdirReq& r, RequestContext&) { return svc.mkdir(r); });
+  server.handle<pm::Unlink>([&svc](const pm::NameReq& r, RequestContext&) { return empty_or(svc.unlink(r)); });
+  server.handle<pm::Rmdir>([&svc](const pm::NameReq& r, RequestContext&) { return empty_or(svc.rmdir(r)); });
+  server.handle<pm::Rename>([&svc](const pm::RenameReq& r, RequestContext&) { return empty_or(svc.rename(r)); });
+  server.handle<pm::Link>([&svc](const pm::LinkReq& r, RequestContext&) { return svc.link(r); });
+  server.handle<pm::Symlink>([&svc](const pm::SymlinkReq& r, RequestContext&) { return svc.symlink(r); });
+  server.handle<pm::Readlink>([&svc](const pm::InodeReq& r, RequestContext&) { return svc.readlink(r); });
+  server.handle<pm::ReadDir>([&svc](const pm::ReadDirReq& r, RequestContext&) { return svc.read_dir(r); });
+  server.handle<pm::StatFs>([&svc](const proto::Empty&, RequestContext&) { return svc.stat_fs(); });
+  server.handle<pm::GetXattr>([&svc](const pm::GetXattrReq& r, RequestContext&) { return svc.get_xattr(r); });
+  server.handle<pm::SetXattr>(
+      [&svc](const pm::SetXattrReq& r, RequestContext&) { return empty_or(svc.set_xattr(r)); });
+  server.handle<pm::ListXattr>([&svc](const pm::InodeReq& r, RequestContext&) { return svc.list_xattr(r); });
+  server.handle<pm::RemoveXattr>(
+      [&svc](const pm::GetXattrReq& r, RequestContext&) { return empty_or(svc.remove_xattr(r)); });
+  server.handle<pm::Open>([&svc](const pm::OpenReq& r, RequestContext&) { return svc.open_file(r); });
+  server.handle<pm::Release>([&svc](const pm::ReleaseReq& r, RequestContext&) { return empty_or(svc.release(r)); });
+  server.handle<pm::ReportSize>([&svc](const pm::ReportSizeReq& r, RequestContext&) { return svc.report_size(r); });
+  server.handle<pm::GetLayout>([&svc](const pm::InodeReq& r, RequestContext&) { return svc.get_layout(r); });
+  server.handle<pm::SetLayout>(
+      [&svc](const pm::SetLayoutReq& r, RequestContext&) { return empty_or(svc.set_layout(r)); });
+  server.handle<pm::GetClusterMap>([&svc](const proto::Empty&, RequestContext&) { return svc.get_cluster_map(); });
+  server.handle<pm::RegisterNode>(
+      [&svc](const pm::RegisterNodeReq& r, RequestContext&) { return svc.register_node(r); });
+  server.handle<pm::NodeHeartbeat>(
+      [&svc](const pm::NodeHeartbeatReq& r, RequestContext&) { return svc.node_heartbeat(r); });
+}
+
+MetaServer::MetaServer(MetaService& service, rpc::ServerOptions options)
+    : server_(std::make_unique<rpc::RpcServer>(std::move(options))) {
+  register_meta_handlers(*server_, service);
+}
+
+Status MetaServer::start() { return server_->start(); }
+uint16_t MetaServer::port() const { return server_->port(); }
+void MetaServer::stop() { server_->stop(); }
+
+}  // namespace penstock::meta

@@ -1,0 +1,30 @@
+// MetaServer: binds every method of common/proto/meta_service.h to a MetaService on an
+// rpc::RpcServer. Nothing but decoding-free glue lives here (the RPC layer decodes and encodes).
+// Ownership: borrows the MetaService (must outlive the server); owns the RpcServer.
+// Thread-safety: construct, then start(); start/stop/port from any thread after that.
+#pragma once
+
+#include <memory>
+
+#include "common/rpc/server.h"
+#include "server/meta/namespace.h"
+
+namespace penstock::meta {
+
+// Registers one handler per meta RPC on `server`, all calling into `service`.
+// REQUIRES: server not started yet; service outlives server.
+void register_meta_handlers(rpc::RpcServer& server, MetaService& service);
+
+class MetaServer {
+ public:
+  MetaServer(MetaService& service, rpc::ServerOptions options);
+  // Binds and serves. kUnavailable naming the address when it cannot bind.
+  Status start();
+  uint16_t port() const;
+  void stop();
+
+ private:
+  std::unique_ptr<rpc::RpcServer> server_;
+};
+
+}  // namespace penstock::meta

@@ -1,0 +1,1284 @@
+#include "server/meta/namespace.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+
+#include "common/base/log.h"
+#include "common/layout/layout.h"
+#include "common/net/endpoint.h"
+
+namespace penstock::meta {
+
+using schema::DentryRecord;
+using schema::InodeRecord;
+
+int64_t system_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+namespace {
+
+constexpr uint32_t kMaxLinks = 65000;           // as ext4
+constexpr uint32_t kDefaultReadDirEntries = 1024;
+constexpr uint32_t kMaxReadDirEntries = 4096;
+constexpr uint64_t kDirSize = 4096;             // what stat reports as a directory's size
+constexpr uint32_t kMaxDirDepth = 1u << 16;     // bound of the ancestor walk (loop guard)
+constexpr uint32_t kKnownSetAttrBits = pm::kSetMode | pm::kSetUid | pm::kSetGid | pm::kSetSize | pm::kSetAtime |
+                                       pm::kSetMtime | pm::kSetAtimeNow | pm::kSetMtimeNow;
+
+bool is_dir(uint32_t mode) { return S_ISDIR(mode); }
+bool is_reg(uint32_t mode) { return S_ISREG(mode); }
+
+std::string quoted(std::string_view name) { return "'" + std::string(name) + "'"; }
+
+Status validate_name(std::string_view name) {
+  if (name.empty()) return Status(Code::kInvalid, "empty file name");
+  if (name == "." || name == "..") return Status(Code::kInvalid, "the name " + quoted(name) + " is reserved");
+  if (name.size() > pm::kMaxNameBytes) {
+    return Status(Code::kNameTooLong, "name of " + std::to_string(name.size()) + " bytes is longer than 255");
+  }
+  if (name.find('/') != std::string_view::npos) return Status(Code::kInvalid, "name " + quoted(name) + " contains '/'");
+  if (name.find('\0') != std::string_view::npos) return Status(Code::kInvalid, "name contains a NUL byte");
+  return Status::ok();
+}
+
+Status validate_xattr_name(std::string_view name) {
+  // Linux gives ERANGE for an empty or over-long attribute name.
+  if (name.empty() || name.size() > pm::kMaxNameBytes) {
+    return Status(Code::kRange, "xattr name must be 1 to 255 bytes, got " + std::to_string(name.size()));
+  }
+  if (name.find('\0') != std::string_view::npos) return Status(Code::kInvalid, "xattr name contains a NUL byte");
+  return Status::ok();
+}
+
+std::string u64_record(uint64_t v) { return schema::encode_record(schema::U64Record{v}); }
+
+Result<uint64_t> read_counter(Store* store, std::string_view key, uint64_t dflt) {
+  PENSTOCK_ASSIGN_OR_RETURN(auto v, store->get(key));
+  if (!v.has_value()) return dflt;
+  PENSTOCK_ASSIGN_OR_RETURN(auto rec, schema::decode_record<schema::U64Record>(*v, key));
+  return rec.value;
+}
+
+Result<std::optional<InodeRecord>> read_inode(Store* store, InodeId ino) {
+  std::string key = schema::inode_key(ino);
+  PENSTOCK_ASSIGN_OR_RETURN(auto v, store->get(key));
+  if (!v.has_value()) return std::optional<InodeRecord>();
+  PENSTOCK_ASSIGN_OR_RETURN(auto rec, schema::decode_record<InodeRecord>(*v, "inode " + ino.to_string()));
+  return std::optional<InodeRecord>(std::move(rec));
+}
+
+Result<std::optional<DentryRecord>> read_dentry(Store* store, InodeId parent, std::string_view name) {
+  std::string key = schema::dentry_key(parent, name);
+  PENSTOCK_ASSIGN_OR_RETURN(auto v, store->get(key));
+  if (!v.has_value()) return std::optional<DentryRecord>();
+  PENSTOCK_ASSIGN_OR_RETURN(auto rec, schema::decode_record<DentryRecord>(
+                                          *v, "dentry " + quoted(name) + " in inode " + parent.to_string()));
+  return std::optional<DentryRecord>(rec);
+}
+
+// The directory record of `ino`: kNotFound when missing, kNotDir when not a directory.
+Result<InodeRecord> read_dir_inode(Store* store, InodeId ino) {
+  PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store, ino));
+  if (!rec.has_value()) return Status(Code::kNotFound, "directory inode " + ino.to_string() + " does not exist");
+  if (!is_dir(rec->attr.mode)) return Status(Code::kNotDir, "inode " + ino.to_string() + " is not a directory");
+  return std::move(*rec);
+}
+
+// True when any session other than `except` has `ino` open.
+Result<bool> has_open(Store* store, InodeId ino, SessionId except) {
+  bool found = false;
+  std::string prefix = schema::open_by_inode_prefix(ino);
+  PENSTOCK_RETURN_IF_ERROR(store->scan(prefix, prefix, [&](std::string_view key, std::string_view) {
+    if (key.size() == prefix.size() + 8 && schema::read_be64(key.substr(prefix.size())) == except.value) return true;
+    found = true;
+    return false;
+  }));
+  return found;
+}
+
+Result<bool> dir_is_empty(Store* store, InodeId ino) {
+  bool empty = true;
+  std::string prefix = schema::dentry_prefix(ino);
+  PENSTOCK_RETURN_IF_ERROR(store->scan(prefix, prefix, [&](std::string_view, std::string_view) {
+    empty = false;
+    return false;
+  }));
+  return empty;
+}
+
+void set_mtime_ctime(InodeRecord* rec, int64_t now) {
+  rec->attr.mtime_ns = now;
+  rec->attr.ctime_ns = now;
+}
+
+}  // namespace
+
+// One mutation: inode records read through a cache (so that two names for one object, e.g. the
+// same parent on both sides of a rename, are one object), other keys written to a batch, and
+// everything committed as one atomic store write. REQUIRES: MetaService::mu_ held for its life.
+class MetaService::Txn {
+ public:
+  Txn(Store* store, uint64_t* used_inodes) : store_(store), used_inodes_(used_inodes) {}
+
+  // The inode, or nullptr when it does not exist (or was removed in this transaction).
+  Result<InodeRecord*> find(InodeId ino) {
+    auto it = cache_.find(ino.value);
+    if (it != cache_.end()) return it->second.removed ? nullptr : &it->second.rec;
+    PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store_, ino));
+    if (!rec.has_value()) return static_cast<InodeRecord*>(nullptr);
+    auto& e = cache_[ino.value];
+    e.rec = std::move(*rec);
+    return &e.rec;
+  }
+  Result<InodeRecord*> need(InodeId ino) {
+    PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, find(ino));
+    if (rec == nullptr) return Status(Code::kNotFound, "inode " + ino.to_string() + " does not exist");
+    return rec;
+  }
+  Result<InodeRecord*> need_dir(InodeId ino) {
+    PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, find(ino));
+    if (rec == nullptr) return Status(Code::kNotFound, "directory inode " + ino.to_string() + " does not exist");
+    if (!is_dir(rec->attr.mode)) return Status(Code::kNotDir, "inode " + ino.to_string() + " is not a directory");
+    return rec;
+  }
+  InodeRecord* add(InodeRecord rec) {
+    auto& e = cache_[rec.attr.ino.value];
+    e.rec = std::move(rec);
+    e.dirty = true;
+    e.removed = false;
+    ++used_delta_;
+    return &e.rec;
+  }
+  void dirty(const InodeRecord* rec) { cache_[rec->attr.ino.value].dirty = true; }
+  void remove(InodeId ino) {
+    auto& e = cache_[ino.value];
+    e.removed = true;
+    --used_delta_;
+  }
+
+  WriteBatch& batch() { return batch_; }
+  Store* store() { return store_; }
+
+  Status commit() {
+    for (auto& [ino, e] : cache_) {
+      if (e.removed) {
+        batch_.del(schema::inode_key(InodeId(ino)));
+      } else if (e.dirty) {
+        batch_.put(schema::inode_key(InodeId(ino)), schema::encode_record(e.rec));
+      }
+    }
+    uint64_t used = *used_inodes_ + static_cast<uint64_t>(used_delta_);
+    if (used_delta_ != 0) batch_.put(std::string(schema::kUsedInodes), u64_record(used));
+    if (batch_.empty()) return Status::ok();
+    PENSTOCK_RETURN_IF_ERROR(store_->write(batch_));
+    *used_inodes_ = used;
+    return Status::ok();
+  }
+
+ private:
+  struct Entry {
+    InodeRecord rec;
+    bool dirty = false;
+    bool removed = false;
+  };
+  Store* store_;
+  uint64_t* used_inodes_;
+  int64_t used_delta_ = 0;
+  std::map<uint64_t, Entry> cache_;
+  WriteBatch batch_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Setup
+
+MetaService::MetaService(Store* store, MetaOptions options) : store_(store), options_(std::move(options)) {
+  if (!options_.now) options_.now = system_now_ns;
+  if (options_.inode_batch == 0) options_.inode_batch = 1;
+  uint64_t seed = options_.seed;
+  if (seed == 0) seed = (static_cast<uint64_t>(std::random_device()()) << 32) | std::random_device()();
+  rng_.seed(seed);
+  chain_cursor_ = rng_();
+}
+
+Result<std::unique_ptr<MetaService>> MetaService::open(Store* store, MetaOptions options) {
+  std::unique_ptr<MetaService> svc(new MetaService(store, std::move(options)));
+  PENSTOCK_RETURN_IF_ERROR(svc->load().with_context("load metadata from " + store->describe()));
+  return svc;
+}
+
+Status MetaService::load() {
+  std::lock_guard lock(mu_);
+  int64_t now = options_.now();
+  PENSTOCK_ASSIGN_OR_RETURN(ino_batch_end_, read_counter(store_, schema::kNextInode, 0));
+  PENSTOCK_ASSIGN_OR_RETURN(next_session_, read_counter(store_, schema::kNextSession, 1));
+  PENSTOCK_ASSIGN_OR_RETURN(next_node_, read_counter(store_, schema::kNextNode, 1));
+  PENSTOCK_ASSIGN_OR_RETURN(next_target_, read_counter(store_, schema::kNextTarget, 1));
+  PENSTOCK_ASSIGN_OR_RETURN(map_version_, read_counter(store_, schema::kMapVersion, 0));
+  PENSTOCK_ASSIGN_OR_RETURN(used_inodes_, read_counter(store_, schema::kUsedInodes, 0));
+
+  WriteBatch batch;
+  PENSTOCK_ASSIGN_OR_RETURN(auto root, read_inode(store_, kRootInode));
+  if (!root.has_value()) {
+    if (ino_batch_end_ > kRootInode.value) {
+      return Status(Code::kCorrupt, "the root directory (inode 1) is missing from a used database; "
+                                    "restore the metadata database from a backup");
+    }
+    InodeRecord rec;
+    rec.attr.ino = kRootInode;
+    rec.attr.mode = S_IFDIR | 0755;
+    rec.attr.nlink = 2;
+    rec.attr.size = kDirSize;
+    rec.attr.atime_ns = rec.attr.mtime_ns = rec.attr.ctime_ns = now;
+    rec.attr.generation = 1;
+    rec.attr.layout.chunk_size = layout::kDefaultChunkSize;
+    rec.attr.layout.stripe_count = 0;
+    rec.parent = kRootInode;
+    batch.put(schema::inode_key(kRootInode), schema::encode_record(rec));
+    ino_batch_end_ = kRootInode.value + 1;
+    batch.put(std::string(schema::kNextInode), u64_record(ino_batch_end_));
+    used_inodes_ = 1;
+    batch.put(std::string(schema::kUsedInodes), u64_record(used_inodes_));
+    PENSTOCK_LOG(Info) << "created the root directory in " << store_->describe();
+  }
+  // Numbers below the persisted batch end may have been handed out before a crash: skip them all.
+  next_ino_ = ino_batch_end_;
+
+  PENSTOCK_RETURN_IF_ERROR(store_->scan(schema::kSessionPrefix, "", [&](std::string_view key, std::string_view) {
+    if (key.size() == schema::kSessionPrefix.size() + 8) {
+      sessions_[schema::read_be64(key.substr(schema::kSessionPrefix.size()))] =
+          SessionState{now + options_.session_lease_ns};
+    }
+    return true;
+  }));
+
+  Status st;
+  PENSTOCK_RETURN_IF_ERROR(store_->scan(schema::kNodePrefix, "", [&](std::string_view key, std::string_view value) {
+    auto rec = schema::decode_record<schema::NodeRecord>(value, "node");
+    if (!rec.has_value()) {
+      st = rec.error();
+      return false;
+    }
+    (void)key;
+    nodes_[rec->id.value] = NodeState{std::move(*rec), false, 0};
+    return true;
+  }));
+  PENSTOCK_RETURN_IF_ERROR(st);
+  PENSTOCK_RETURN_IF_ERROR(store_->scan(schema::kTargetPrefix, "", [&](std::string_view, std::string_view value) {
+    auto rec = schema::decode_record<schema::TargetRecord>(value, "target");
+    if (!rec.has_value()) {
+      st = rec.error();
+      return false;
+    }
+    targets_[rec->id.value] = TargetState{std::move(*rec), false};
+    return true;
+  }));
+  PENSTOCK_RETURN_IF_ERROR(st);
+  PENSTOCK_RETURN_IF_ERROR(store_->scan(schema::kChainPrefix, "", [&](std::string_view, std::string_view value) {
+    auto rec = schema::decode_record<proto::ChainInfo>(value, "chain");
+    if (!rec.has_value()) {
+      st = rec.error();
+      return false;
+    }
+    chains_[rec->id.value] = std::move(*rec);
+    return true;
+  }));
+  PENSTOCK_RETURN_IF_ERROR(st);
+
+  // Every node starts offline: the map differs from the one before the restart, so it gets a new
+  // version.
+  PENSTOCK_RETURN_IF_ERROR(bump_map_version(&batch));
+  PENSTOCK_RETURN_IF_ERROR(store_->write(batch));
+  PENSTOCK_LOG(Info) << "metadata loaded: " << used_inodes_ << " inodes, " << sessions_.size() << " sessions, "
+                     << nodes_.size() << " nodes, " << targets_.size() << " targets, map version " << map_version_;
+  return Status::ok();
+}
+
+Status MetaService::bump_map_version(WriteBatch* batch) {
+  ++map_version_;
+  batch->put(std::string(schema::kMapVersion), u64_record(map_version_));
+  return Status::ok();
+}
+
+uint64_t MetaService::map_version() {
+  std::lock_guard lock(mu_);
+  return map_version_;
+}
+
+void MetaService::set_gc_wakeup(std::function<void()> fn) {
+  std::lock_guard lock(mu_);
+  gc_wakeup_ = std::move(fn);
+}
+
+void MetaService::notify_gc(bool queued) {
+  if (!queued) return;
+  std::function<void()> fn;
+  {
+    std::lock_guard lock(mu_);
+    fn = gc_wakeup_;
+  }
+  if (fn) fn();
+}
+
+Result<InodeId> MetaService::allocate_inode() {
+  if (next_ino_ >= ino_batch_end_) {
+    // Persist the end of the new batch before handing out any number of it.
+    uint64_t end = next_ino_ + options_.inode_batch;
+    WriteBatch batch;
+    batch.put(std::string(schema::kNextInode), u64_record(end));
+    PENSTOCK_RETURN_IF_ERROR(store_->write(batch).with_context("reserve inode numbers"));
+    ino_batch_end_ = end;
+  }
+  return InodeId(next_ino_++);
+}
+
+bool MetaService::session_alive(SessionId s) {
+  auto it = sessions_.find(s.value);
+  return it != sessions_.end() && it->second.expires_ns >= options_.now();
+}
+
+Result<std::vector<ChainId>> MetaService::pick_chains(uint32_t stripe_count, uint32_t* seed) {
+  std::vector<ChainId> usable;
+  for (const auto& [id, chain] : chains_) {
+    bool ok = !chain.targets.empty();
+    for (TargetId t : chain.targets) {
+      auto it = targets_.find(t.value);
+      if (it == targets_.end() || !it->second.online) ok = false;
+    }
+    if (ok) usable.push_back(chain.id);
+  }
+  if (usable.empty()) {
+    return Status(Code::kUnavailable, "no data server is registered and online; start penstock-data");
+  }
+  size_t n = usable.size();
+  size_t stripe = stripe_count == 0 ? n : std::min<size_t>(stripe_count, n);
+  size_t start = chain_cursor_++ % n;
+  std::vector<ChainId> out;
+  out.reserve(stripe);
+  for (size_t i = 0; i < stripe; ++i) out.push_back(usable[(start + i) % n]);
+  *seed = static_cast<uint32_t>(rng_() % stripe);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sessions
+
+Result<pm::RegisterSessionResp> MetaService::register_session(const pm::RegisterSessionReq& req) {
+  std::lock_guard lock(mu_);
+  int64_t now = options_.now();
+  SessionId id(next_session_);
+  WriteBatch batch;
+  batch.put(schema::session_key(id), schema::encode_record(schema::SessionRecord{req.client_name, req.hostname, now}));
+  batch.put(std::string(schema::kNextSession), u64_record(id.value + 1));
+  PENSTOCK_RETURN_IF_ERROR(store_->write(batch).with_context("register session"));
+  next_session_ = id.value + 1;
+  sessions_[id.value] = SessionState{now + options_.session_lease_ns};
+  PENSTOCK_LOG(Info) << "session " << id.value << " registered by " << req.client_name << " on " << req.hostname;
+  pm::RegisterSessionResp resp;
+  resp.session = id;
+  resp.map_version = map_version_;
+  resp.lease_ns = options_.session_lease_ns;
+  return resp;
+}
+
+Result<pm::HeartbeatResp> MetaService::heartbeat(const pm::SessionReq& req) {
+  std::lock_guard lock(mu_);
+  if (!session_alive(req.session)) {
+    return Status(Code::kBadHandle, "session " + req.session.to_string() + " is unknown or expired; register a new session");
+  }
+  sessions_[req.session.value].expires_ns = options_.now() + options_.session_lease_ns;
+  return pm::HeartbeatResp{map_version_};
+}
+
+Status MetaService::drop_opens_of_session(SessionId session, bool* queued_gc) {
+  std::vector<InodeId> inos;
+  std::string prefix = schema::open_prefix(session);
+  PENSTOCK_RETURN_IF_ERROR(store_->scan(prefix, prefix, [&](std::string_view key, std::string_view) {
+    if (key.size() == prefix.size() + 8) inos.emplace_back(schema::read_be64(key.substr(prefix.size())));
+    return true;
+  }));
+  Txn txn(store_, &used_inodes_);
+  int64_t now = options_.now();
+  for (InodeId ino : inos) {
+    txn.batch().del(schema::open_key(session, ino));
+    txn.batch().del(schema::open_by_inode_key(ino, session));
+  }
+  for (InodeId ino : inos) {
+    PENSTOCK_ASSIGN_OR_RETURN(bool other, has_open(store_, ino, session));
+    if (other) continue;
+    PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.find(ino));
+    if (rec != nullptr && rec->attr.nlink == 0) {
+      PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *rec, now, queued_gc));
+    }
+  }
+  txn.batch().del(schema::session_key(session));
+  return txn.commit();
+}
+
+Status MetaService::close_session(const pm::SessionReq& req) {
+  bool queued = false;
+  {
+    std::lock_guard lock(mu_);
+    if (sessions_.count(req.session.value) == 0) {
+      return Status(Code::kBadHandle, "session " + req.session.to_string() + " is unknown or expired");
+    }
+    PENSTOCK_RETURN_IF_ERROR(drop_opens_of_session(req.session, &queued).with_context("close session " + req.session.to_string()));
+    sessions_.erase(req.session.value);
+    PENSTOCK_LOG(Info) << "session " << req.session.value << " closed";
+  }
+  notify_gc(queued);
+  return Status::ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads (lock-free: one consistent record each, straight from the store)
+
+Result<pm::AttrResp> MetaService::lookup(const pm::LookupReq& req) {
+  PENSTOCK_RETURN_IF_ERROR(validate_name(req.name));
+  PENSTOCK_ASSIGN_OR_RETURN(auto parent, read_dir_inode(store_, req.parent));
+  (void)parent;
+  PENSTOCK_ASSIGN_OR_RETURN(auto d, read_dentry(store_, req.parent, req.name));
+  if (!d.has_value()) {
+    return Status(Code::kNotFound, "no entry " + quoted(req.name) + " in directory " + req.parent.to_string());
+  }
+  PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store_, d->ino));
+  if (!rec.has_value()) {
+    return Status(Code::kNotFound, "entry " + quoted(req.name) + " was removed while being looked up");
+  }
+  return pm::AttrResp{rec->attr};
+}
+
+Result<pm::AttrResp> MetaService::get_attr(const pm::InodeReq& req) {
+  PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store_, req.ino));
+  if (!rec.has_value()) return Status(Code::kNotFound, "inode " + req.ino.to_string() + " does not exist");
+  return pm::AttrResp{rec->attr};
+}
+
+Result<pm::ReadlinkResp> MetaService::readlink(const pm::InodeReq& req) {
+  PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store_, req.ino));
+  if (!rec.has_value()) return Status(Code::kNotFound, "inode " + req.ino.to_string() + " does not exist");
+  if (!S_ISLNK(rec->attr.mode)) return Status(Code::kInvalid, "inode " + req.ino.to_string() + " is not a symlink");
+  return pm::ReadlinkResp{rec->symlink_target};
+}
+
+Result<pm::ReadDirResp> MetaService::read_dir(const pm::ReadDirReq& req) {
+  PENSTOCK_ASSIGN_OR_RETURN(auto dir, read_dir_inode(store_, req.ino));
+  (void)dir;
+  uint32_t limit = req.max_entries == 0 ? kDefaultReadDirEntries : std::min(req.max_entries, kMaxReadDirEntries);
+  std::string prefix = schema::dentry_prefix(req.ino);
+  std::string seek = prefix + req.after;
+  pm::ReadDirResp resp;
+  bool more = false;
+  Status st;
+  PENSTOCK_RETURN_IF_ERROR(store_->scan(prefix, seek, [&](std::string_view key, std::string_view value) {
+    std::string_view name = key.substr(prefix.size());
+    if (!req.after.empty() && name == req.after) return true;
+    if (resp.entries.size() >= limit) {
+      more = true;
+      return false;
+    }
+    auto d = schema::decode_record<DentryRecord>(value, key);
+    if (!d.has_value()) {
+      st = d.error();
+      return false;
+    }
+    pm::DirEntry e;
+    e.name = std::string(name);
+    e.ino = d->ino;
+    e.mode = d->type;
+    resp.entries.push_back(std::move(e));
+    return true;
+  }));
+  PENSTOCK_RETURN_IF_ERROR(st);
+  if (req.plus) {
+    std::vector<pm::DirEntry> kept;
+    kept.reserve(resp.entries.size());
+    for (auto& e : resp.entries) {
+      PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store_, e.ino));
+      if (!rec.has_value()) continue;  // removed since the scan
+      e.attr = rec->attr;
+      kept.push_back(std::move(e));
+    }
+    resp.entries = std::move(kept);
+  }
+  resp.eof = !more;
+  return resp;
+}
+
+Result<pm::GetXattrResp> MetaService::get_xattr(const pm::GetXattrReq& req) {
+  PENSTOCK_RETURN_IF_ERROR(validate_xattr_name(req.name));
+  PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store_, req.ino));
+  if (!rec.has_value()) return Status(Code::kNotFound, "inode " + req.ino.to_string() + " does not exist");
+  PENSTOCK_ASSIGN_OR_RETURN(auto v, store_->get(schema::xattr_key(req.ino, req.name)));
+  if (!v.has_value()) return Status(Code::kNoData, "no xattr " + quoted(req.name) + " on inode " + req.ino.to_string());
+  return pm::GetXattrResp{std::move(*v)};
+}
+
+Result<pm::ListXattrResp> MetaService::list_xattr(const pm::InodeReq& req) {
+  PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store_, req.ino));
+  if (!rec.has_value()) return Status(Code::kNotFound, "inode " + req.ino.to_string() + " does not exist");
+  pm::ListXattrResp resp;
+  std::string prefix = schema::xattr_prefix(req.ino);
+  PENSTOCK_RETURN_IF_ERROR(store_->scan(prefix, prefix, [&](std::string_view key, std::string_view) {
+    resp.names.emplace_back(key.substr(prefix.size()));
+    return true;
+  }));
+  return resp;
+}
+
+Result<pm::LayoutResp> MetaService::get_layout(const pm::InodeReq& req) {
+  PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store_, req.ino));
+  if (!rec.has_value()) return Status(Code::kNotFound, "inode " + req.ino.to_string() + " does not exist");
+  return pm::LayoutResp{rec->attr.layout};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mutations
+
+Result<pm::AttrResp> MetaService::make_node(InodeId parent_ino, const std::string& name, uint32_t mode,
+                                            uint64_t rdev, const proto::Caller& caller, SessionId session,
+                                            const std::string& symlink_target) {
+  PENSTOCK_RETURN_IF_ERROR(validate_name(name));
+  std::lock_guard lock(mu_);
+  int64_t now = options_.now();
+  if (session.valid() && !session_alive(session)) {
+    return Status(Code::kBadHandle, "session " + session.to_string() + " is unknown or expired; register a new session");
+  }
+  Txn txn(store_, &used_inodes_);
+  PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * parent, txn.need_dir(parent_ino));
+  PENSTOCK_ASSIGN_OR_RETURN(auto existing, read_dentry(store_, parent_ino, name));
+  if (existing.has_value()) {
+    return Status(Code::kExists, quoted(name) + " already exists in directory " + parent_ino.to_string());
+  }
+  uint32_t type = mode & S_IFMT;
+  InodeRecord rec;
+  if (is_reg(type)) {
+    uint32_t seed = 0;
+    PENSTOCK_ASSIGN_OR_RETURN(auto chains, pick_chains(parent->attr.layout.stripe_count, &seed));
+    rec.attr.layout.chunk_size = parent->attr.layout.chunk_size;
+    rec.attr.layout.stripe_count = static_cast<uint32_t>(chains.size());
+    rec.attr.layout.seed = seed;
+    rec.attr.layout.chains = std::move(chains);
+  } else if (is_dir(type)) {
+    rec.attr.layout.chunk_size = parent->attr.layout.chunk_size;
+    rec.attr.layout.stripe_count = parent->attr.layout.stripe_count;
+  }
+  PENSTOCK_ASSIGN_OR_RETURN(InodeId ino, allocate_inode());
+  rec.attr.ino = ino;
+  rec.attr.mode = type | (mode & 07777);
+  rec.attr.uid = caller.uid;
+  rec.attr.gid = caller.gid;
+  if ((parent->attr.mode & S_ISGID) != 0) {
+    // BSD group semantics of a setgid directory, as local file systems do.
+    rec.attr.gid = parent->attr.gid;
+    if (is_dir(type)) rec.attr.mode |= S_ISGID;
+  }
+  rec.attr.rdev = rdev;
+  rec.attr.atime_ns = rec.attr.mtime_ns = rec.attr.ctime_ns = now;
+  rec.attr.generation = 1;
+  if (is_dir(type)) {
+    rec.attr.nlink = 2;
+    rec.attr.size = kDirSize;
+    rec.parent = parent_ino;
+    parent->attr.nlink += 1;
+  } else {
+    rec.attr.nlink = 1;
+  }
+  if (S_ISLNK(type)) {
+    rec.symlink_target = symlink_target;
+    rec.attr.size = symlink_target.size();
+  }
+  set_mtime_ctime(parent, now);
+  txn.dirty(parent);
+  txn.batch().put(schema::dentry_key(parent_ino, name), schema::encode_record(DentryRecord{ino, type}));
+  if (session.valid()) {
+    txn.batch().put(schema::open_key(session, ino), schema::encode_record(schema::OpenRecord{1}));
+    txn.batch().put(schema::open_by_inode_key(ino, session), "");
+  }
+  pm::AttrResp resp{rec.attr};
+  txn.add(std::move(rec));
+  PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("create " + quoted(name) + " in directory " + parent_ino.to_string()));
+  return resp;
+}
+
+Result<pm::AttrResp> MetaService::create(const pm::CreateReq& req) {
+  return make_node(req.parent, req.name, S_IFREG | (req.mode & 07777), 0, req.caller, req.session, "");
+}
+
+Result<pm::AttrResp> MetaService::mknod(const pm::MknodReq& req) {
+  uint32_t type = req.mode & S_IFMT;
+  switch (type) {
+    case 0:
+      type = S_IFREG;  // mknod(2): a zero type means a regular file
+      break;
+    case S_IFREG:
+    case S_IFIFO:
+    case S_IFSOCK:
+    case S_IFCHR:
+    case S_IFBLK:
+      break;
+    case S_IFDIR:
+      return Status(Code::kNotPermitted, "mknod cannot make a directory; use mkdir");
+    default:
+      return Status(Code::kInvalid, "mknod: unsupported file type " + std::to_string(type));
+  }
+  uint64_t rdev = (S_ISCHR(type) || S_ISBLK(type)) ? req.rdev : 0;
+  return make_node(req.parent, req.name, type | (req.mode & 07777), rdev, req.caller, SessionId(), "");
+}
+
+Result<pm::AttrResp> MetaService::mkdir(const pm::MkdirReq& req) {
+  return make_node(req.parent, req.name, S_IFDIR | (req.mode & 07777), 0, req.caller, SessionId(), "");
+}
+
+Result<pm::AttrResp> MetaService::symlink(const pm::SymlinkReq& req) {
+  if (req.target.empty()) return Status(Code::kNotFound, "symlink target is empty");
+  if (req.target.size() > pm::kMaxSymlinkBytes) {
+    return Status(Code::kNameTooLong, "symlink target of " + std::to_string(req.target.size()) + " bytes is longer than 4095");
+  }
+  return make_node(req.parent, req.name, S_IFLNK | 0777, 0, req.caller, SessionId(), req.target);
+}
+
+// Removes the inode for good: its xattrs and record go in this transaction; a regular file with
+// chunks is queued for garbage collection. REQUIRES: no link and no open is left.
+Status MetaService::finalize_inode(Txn& txn, const InodeRecord& rec, int64_t now, bool* queued_gc) {
+  InodeId ino = rec.attr.ino;
+  std::string prefix = schema::xattr_prefix(ino);
+  std::vector<std::string> keys;
+  PENSTOCK_RETURN_IF_ERROR(store_->scan(prefix, prefix, [&](std::string_view key, std::string_view) {
+    keys.emplace_back(key);
+    return true;
+  }));
+  for (auto& k : keys) txn.batch().del(std::move(k));
+  txn.batch().del(schema::orphan_key(ino));
+  if (is_reg(rec.attr.mode) && !rec.attr.layout.chains.empty()) {
+    txn.batch().put(schema::gc_key(ino), schema::encode_record(schema::GcRecord{rec.attr, now}));
+    *queued_gc = true;
+  }
+  txn.remove(ino);
+  return Status::ok();
+}
+
+// One link of `rec` is gone. At zero links the inode becomes an orphan while some session has it
+// open, and is finalized otherwise.
+Status MetaService::drop_link(Txn& txn, InodeRecord& rec, int64_t now, bool* queued_gc) {
+  if (rec.attr.nlink > 0) rec.attr.nlink -= 1;
+  rec.attr.ctime_ns = now;
+  txn.dirty(&rec);
+  if (rec.attr.nlink > 0) return Status::ok();
+  PENSTOCK_ASSIGN_OR_RETURN(bool open, has_open(store_, rec.attr.ino, SessionId()));
+  if (open) {
+    txn.batch().put(schema::orphan_key(rec.attr.ino), "");
+    return Status::ok();
+  }
+  return finalize_inode(txn, rec, now, queued_gc);
+}
+
+Status MetaService::unlink(const pm::NameReq& req) {
+  PENSTOCK_RETURN_IF_ERROR(validate_name(req.name));
+  bool queued = false;
+  {
+    std::lock_guard lock(mu_);
+    int64_t now = options_.now();
+    Txn txn(store_, &used_inodes_);
+    PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * parent, txn.need_dir(req.parent));
+    PENSTOCK_ASSIGN_OR_RETURN(auto d, read_dentry(store_, req.parent, req.name));
+    if (!d.has_value()) return Status(Code::kNotFound, "no entry " + quoted(req.name) + " in directory " + req.parent.to_string());
+    if (is_dir(d->type)) return Status(Code::kIsDir, quoted(req.name) + " is a directory; use rmdir");
+    PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.need(d->ino));
+    txn.batch().del(schema::dentry_key(req.parent, req.name));
+    PENSTOCK_RETURN_IF_ERROR(drop_link(txn, *rec, now, &queued));
+    set_mtime_ctime(parent, now);
+    txn.dirty(parent);
+    PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("unlink " + quoted(req.name)));
+  }
+  notify_gc(queued);
+  return Status::ok();
+}
+
+Status MetaService::rmdir(const pm::NameReq& req) {
+  PENSTOCK_RETURN_IF_ERROR(validate_name(req.name));
+  std::lock_guard lock(mu_);
+  int64_t now = options_.now();
+  Txn txn(store_, &used_inodes_);
+  PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * parent, txn.need_dir(req.parent));
+  PENSTOCK_ASSIGN_OR_RETURN(auto d, read_dentry(store_, req.parent, req.name));
+  if (!d.has_value()) return Status(Code::kNotFound, "no entry " + quoted(req.name) + " in directory " + req.parent.to_string());
+  if (!is_dir(d->type)) return Status(Code::kNotDir, quoted(req.name) + " is not a directory");
+  PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * child, txn.need(d->ino));
+  PENSTOCK_ASSIGN_OR_RETURN(bool empty, dir_is_empty(store_, d->ino));
+  if (!empty) return Status(Code::kNotEmpty, "directory " + quoted(req.name) + " is not empty");
+  txn.batch().del(schema::dentry_key(req.parent, req.name));
+  bool queued = false;
+  PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *child, now, &queued));
+  parent->attr.nlink -= 1;
+  set_mtime_ctime(parent, now);
+  txn.dirty(parent);
+  return txn.commit().with_context("rmdir " + quoted(req.name));
+}
+
+// Rename, as renameat2(2) on a local file system:
+//  - source missing: kNotFound; both flags, or unknown flags: kInvalid.
+//  - source and destination are the same inode (same name, or two hard links): nothing happens.
+//  - kRenameNoReplace with an existing destination: kExists.
+//  - kRenameExchange: both must exist (kNotFound), they swap; directories may not move into their
+//    own subtree (kInvalid).
+//  - a directory moving into its own subtree: kInvalid; over a non-directory: kNotDir; over a
+//    non-empty directory: kNotEmpty; over an empty directory: replaces it.
+//  - a non-directory over a directory: kIsDir; over a file: replaces it (the replaced inode loses
+//    a link and may become an orphan or be collected).
+//  - parents' nlink follow moved directories; both parents get new mtime/ctime, the moved inode a
+//    new ctime.
+Status MetaService::rename(const pm::RenameReq& req) {
+  PENSTOCK_RETURN_IF_ERROR(validate_name(req.name));
+  PENSTOCK_RETURN_IF_ERROR(validate_name(req.new_name));
+  const uint32_t known = pm::kRenameNoReplace | pm::kRenameExchange;
+  if ((req.flags & ~known) != 0) return Status(Code::kInvalid, "unknown rename flags " + std::to_string(req.flags));
+  if ((req.flags & pm::kRenameNoReplace) != 0 && (req.flags & pm::kRenameExchange) != 0) {
+    return Status(Code::kInvalid, "rename flags NOREPLACE and EXCHANGE exclude each other");
+  }
+  bool exchange = (req.flags & pm::kRenameExchange) != 0;
+  bool queued = false;
+  {
+    std::lock_guard lock(mu_);
+    int64_t now = options_.now();
+    Txn txn(store_, &used_inodes_);
+    PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * p, txn.need_dir(req.parent));
+    PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * np, txn.need_dir(req.new_parent));
+    PENSTOCK_ASSIGN_OR_RETURN(auto sd, read_dentry(store_, req.parent, req.name));
+    if (!sd.has_value()) return Status(Code::kNotFound, "no entry " + quoted(req.name) + " in directory " + req.parent.to_string());
+    PENSTOCK_ASSIGN_OR_RETURN(auto dd, read_dentry(store_, req.new_parent, req.new_name));
+    if (exchange && !dd.has_value()) {
+      return Status(Code::kNotFound, "exchange: no entry " + quoted(req.new_name) + " in directory " + req.new_parent.to_string());
+    }
+    if ((req.flags & pm::kRenameNoReplace) != 0 && dd.has_value()) {
+      return Status(Code::kExists, quoted(req.new_name) + " already exists in directory " + req.new_parent.to_string());
+    }
+    if (dd.has_value() && dd->ino == sd->ino) return Status::ok();  // same inode: POSIX says do nothing
+
+    // Is `ancestor` equal to `dir` or one of its ancestors?
+    auto in_subtree = [&](InodeId dir, InodeId ancestor) -> Result<bool> {
+      InodeId cur = dir;
+      for (uint32_t depth = 0; depth < kMaxDirDepth; ++depth) {
+        if (cur == ancestor) return true;
+        if (cur == kRootInode) return false;
+        PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.need(cur));
+        cur = rec->parent;
+      }
+      return Status(Code::kCorrupt, "directory " + dir.to_string() + " has no path to the root");
+    };
+
+    PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * src, txn.need(sd->ino));
+    bool src_dir = is_dir(sd->type);
+    bool cross = req.parent != req.new_parent;
+    if (exchange) {
+      PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * dst, txn.need(dd->ino));
+      bool dst_dir = is_dir(dd->type);
+      if (cross && src_dir) {
+        PENSTOCK_ASSIGN_OR_RETURN(bool bad, in_subtree(req.new_parent, src->attr.ino));
+        if (bad) return Status(Code::kInvalid, "cannot move directory " + quoted(req.name) + " into its own subtree");
+      }
+      if (cross && dst_dir) {
+        PENSTOCK_ASSIGN_OR_RETURN(bool bad, in_subtree(req.parent, dst->attr.ino));
+        if (bad) return Status(Code::kInvalid, "cannot move directory " + quoted(req.new_name) + " into its own subtree");
+      }
+      txn.batch().put(schema::dentry_key(req.parent, req.name), schema::encode_record(*dd));
+      txn.batch().put(schema::dentry_key(req.new_parent, req.new_name), schema::encode_record(*sd));
+      if (cross && src_dir) {
+        src->parent = req.new_parent;
+        p->attr.nlink -= 1;
+        np->attr.nlink += 1;
+      }
+      if (cross && dst_dir) {
+        dst->parent = req.parent;
+        np->attr.nlink -= 1;
+        p->attr.nlink += 1;
+      }
+      dst->attr.ctime_ns = now;
+      txn.dirty(dst);
+    } else {
+      if (src_dir) {
+        PENSTOCK_ASSIGN_OR_RETURN(bool bad, in_subtree(req.new_parent, src->attr.ino));
+        if (bad) return Status(Code::kInvalid, "cannot move directory " + quoted(req.name) + " into its own subtree");
+        if (dd.has_value()) {
+          if (!is_dir(dd->type)) return Status(Code::kNotDir, quoted(req.new_name) + " is not a directory");
+          PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * dst, txn.need(dd->ino));
+          PENSTOCK_ASSIGN_OR_RETURN(bool empty, dir_is_empty(store_, dd->ino));
+          if (!empty) return Status(Code::kNotEmpty, "directory " + quoted(req.new_name) + " is not empty");
+          PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *dst, now, &queued));
+          np->attr.nlink -= 1;
+        }
+        if (cross) {
+          src->parent = req.new_parent;
+          p->attr.nlink -= 1;
+          np->attr.nlink += 1;
+        }
+      } else if (dd.has_value()) {
+        if (is_dir(dd->type)) return Status(Code::kIsDir, quoted(req.new_name) + " is a directory");
+        PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * dst, txn.need(dd->ino));
+        PENSTOCK_RETURN_IF_ERROR(drop_link(txn, *dst, now, &queued));
+      }
+      txn.batch().del(schema::dentry_key(req.parent, req.name));
+      txn.batch().put(schema::dentry_key(req.new_parent, req.new_name), schema::encode_record(*sd));
+    }
+    src->attr.ctime_ns = now;
+    txn.dirty(src);
+    set_mtime_ctime(p, now);
+    set_mtime_ctime(np, now);
+    txn.dirty(p);
+    txn.dirty(np);
+    PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("rename " + quoted(req.name) + " to " + quoted(req.new_name)));
+  }
+  notify_gc(queued);
+  return Status::ok();
+}
+
+Result<pm::AttrResp> MetaService::link(const pm::LinkReq& req) {
+  PENSTOCK_RETURN_IF_ERROR(validate_name(req.new_name));
+  std::lock_guard lock(mu_);
+  int64_t now = options_.now();
+  Txn txn(store_, &used_inodes_);
+  PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.need(req.ino));
+  if (is_dir(rec->attr.mode)) return Status(Code::kNotPermitted, "cannot make a hard link to a directory");
+  if (rec->attr.nlink == 0) return Status(Code::kNotFound, "inode " + req.ino.to_string() + " was unlinked");
+  if (rec->attr.nlink >= kMaxLinks) return Status(Code::kTooManyLinks, "inode " + req.ino.to_string() + " has 65000 links");
+  PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * np, txn.need_dir(req.new_parent));
+  PENSTOCK_ASSIGN_OR_RETURN(auto existing, read_dentry(store_, req.new_parent, req.new_name));
+  if (existing.has_value()) {
+    return Status(Code::kExists, quoted(req.new_name) + " already exists in directory " + req.new_parent.to_string());
+  }
+  rec->attr.nlink += 1;
+  rec->attr.ctime_ns = now;
+  txn.dirty(rec);
+  set_mtime_ctime(np, now);
+  txn.dirty(np);
+  txn.batch().put(schema::dentry_key(req.new_parent, req.new_name),
+                  schema::encode_record(DentryRecord{req.ino, rec->attr.mode & S_IFMT}));
+  pm::AttrResp resp{rec->attr};
+  PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("link " + quoted(req.new_name)));
+  return resp;
+}
+
+Result<pm::AttrResp> MetaService::set_attr(const pm::SetAttrReq& req) {
+  if ((req.valid & ~kKnownSetAttrBits) != 0) {
+    return Status(Code::kInvalid, "setattr: unknown bits in valid mask " + std::to_string(req.valid));
+  }
+  std::lock_guard lock(mu_);
+  int64_t now = options_.now();
+  Txn txn(store_, &used_inodes_);
+  PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.need(req.ino));
+  auto& a = rec->attr;
+  if ((req.valid & pm::kSetSize) != 0) {
+    if (is_dir(a.mode)) return Status(Code::kIsDir, "cannot set the size of directory " + req.ino.to_string());
+    if (!is_reg(a.mode)) return Status(Code::kInvalid, "cannot set the size of inode " + req.ino.to_string() + ": not a regular file");
+  }
+  if ((req.valid & pm::kSetMode) != 0) a.mode = (a.mode & S_IFMT) | (req.mode & 07777);
+  if ((req.valid & pm::kSetUid) != 0) a.uid = req.uid;
+  if ((req.valid & pm::kSetGid) != 0) a.gid = req.gid;
+  if ((req.valid & pm::kSetSize) != 0) {
+    a.size = req.size;
+    a.generation += 1;
+    if ((req.valid & (pm::kSetMtime | pm::kSetMtimeNow)) == 0) a.mtime_ns = now;
+  }
+  if ((req.valid & pm::kSetAtimeNow) != 0) {
+    a.atime_ns = now;
+  } else if ((req.valid & pm::kSetAtime) != 0) {
+    a.atime_ns = req.atime_ns;
+  }
+  if ((req.valid & pm::kSetMtimeNow) != 0) {
+    a.mtime_ns = now;
+  } else if ((req.valid & pm::kSetMtime) != 0) {
+    a.mtime_ns = req.mtime_ns;
+  }
+  a.ctime_ns = now;
+  txn.dirty(rec);
+  pm::AttrResp resp{a};
+  PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("setattr inode " + req.ino.to_string()));
+  return resp;
+}
+
+Result<pm::AttrResp> MetaService::report_size(const pm::ReportSizeReq& req) {
+  std::lock_guard lock(mu_);
+  int64_t now = options_.now();
+  Txn txn(store_, &used_inodes_);
+  PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.need(req.ino));
+  if (is_dir(rec->attr.mode)) return Status(Code::kIsDir, "inode " + req.ino.to_string() + " is a directory");
+  if (!is_reg(rec->attr.mode)) return Status(Code::kInvalid, "inode " + req.ino.to_string() + " is not a regular file");
+  rec->attr.size = std::max(rec->attr.size, req.size);
+  rec->attr.mtime_ns = req.mtime_ns != 0 ? req.mtime_ns : now;
+  rec->attr.ctime_ns = now;
+  rec->attr.generation += 1;
+  txn.dirty(rec);
+  pm::AttrResp resp{rec->attr};
+  PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("report size of inode " + req.ino.to_string()));
+  return resp;
+}
+
+Status MetaService::set_xattr(const pm::SetXattrReq& req) {
+  PENSTOCK_RETURN_IF_ERROR(validate_xattr_name(req.name));
+  constexpr uint32_t kCreate = 1, kReplace = 2;
+  if ((req.flags & ~(kCreate | kReplace)) != 0 || req.flags == (kCreate | kReplace)) {
+    return Status(Code::kInvalid, "setxattr: bad flags " + std::to_string(req.flags));
+  }
+  // Linux returns E2BIG for an oversized value; our code table's nearest is kRange (ERANGE).
+  if (req.value.size() > pm::kMaxXattrValueBytes) {
+    return Status(Code::kRange, "xattr value of " + std::to_string(req.value.size()) + " bytes is larger than 64 KiB");
+  }
+  std::lock_guard lock(mu_);
+  Txn txn(store_, &used_inodes_);
+  PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.need(req.ino));
+  std::string key = schema::xattr_key(req.ino, req.name);
+  PENSTOCK_ASSIGN_OR_RETURN(auto existing, store_->get(key));
+  if ((req.flags & kCreate) != 0 && existing.has_value()) {
+    return Status(Code::kExists, "xattr " + quoted(req.name) + " already exists on inode " + req.ino.to_string());
+  }
+  if ((req.flags & kReplace) != 0 && !existing.has_value()) {
+    return Status(Code::kNoData, "no xattr " + quoted(req.name) + " on inode " + req.ino.to_string());
+  }
+  txn.batch().put(std::move(key), req.value);
+  rec->attr.ctime_ns = options_.now();
+  txn.dirty(rec);
+  return txn.commit().with_context("setxattr on inode " + req.ino.to_string());
+}
+
+Status MetaService::remove_xattr(const pm::GetXattrReq& req) {
+  PENSTOCK_RETURN_IF_ERROR(validate_xattr_name(req.name));
+  std::lock_guard lock(mu_);
+  Txn txn(store_, &used_inodes_);
+  PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.need(req.ino));
+  std::string key = schema::xattr_key(req.ino, req.name);
+  PENSTOCK_ASSIGN_OR_RETURN(auto existing, store_->get(key));
+  if (!existing.has_value()) return Status(Code::kNoData, "no xattr " + quoted(req.name) + " on inode " + req.ino.to_string());
+  txn.batch().del(std::move(key));
+  rec->attr.ctime_ns = options_.now();
+  txn.dirty(rec);
+  return txn.commit().with_context("removexattr on inode " + req.ino.to_string());
+}
+
+Result<pm::AttrResp> MetaService::open_file(const pm::OpenReq& req) {
+  std::lock_guard lock(mu_);
+  if (!session_alive(req.session)) {
+    return Status(Code::kBadHandle, "session " + req.session.to_string() + " is unknown or expired; register a new session");
+  }
+  PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store_, req.ino));
+  if (!rec.has_value()) return Status(Code::kNotFound, "inode " + req.ino.to_string() + " does not exist");
+  std::string key = schema::open_key(req.session, req.ino);
+  PENSTOCK_ASSIGN_OR_RETURN(auto v, store_->get(key));
+  schema::OpenRecord open;
+  if (v.has_value()) {
+    PENSTOCK_ASSIGN_OR_RETURN(open, schema::decode_record<schema::OpenRecord>(*v, "open record"));
+  }
+  open.count += 1;
+  WriteBatch batch;
+  batch.put(key, schema::encode_record(open));
+  batch.put(schema::open_by_inode_key(req.ino, req.session), "");
+  PENSTOCK_RETURN_IF_ERROR(store_->write(batch).with_context("open inode " + req.ino.to_string()));
+  return pm::AttrResp{rec->attr};
+}
+
+Status MetaService::release(const pm::ReleaseReq& req) {
+  bool queued = false;
+  {
+    std::lock_guard lock(mu_);
+    std::string key = schema::open_key(req.session, req.ino);
+    PENSTOCK_ASSIGN_OR_RETURN(auto v, store_->get(key));
+    if (!v.has_value()) return Status::ok();  // idempotent (e.g. the session already expired)
+    PENSTOCK_ASSIGN_OR_RETURN(auto open, schema::decode_record<schema::OpenRecord>(*v, "open record"));
+    Txn txn(store_, &used_inodes_);
+    if (open.count > 1) {
+      open.count -= 1;
+      txn.batch().put(key, schema::encode_record(open));
+    } else {
+      txn.batch().del(key);
+      txn.batch().del(schema::open_by_inode_key(req.ino, req.session));
+      PENSTOCK_ASSIGN_OR_RETURN(bool other, has_open(store_, req.ino, req.session));
+      if (!other) {
+        PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.find(req.ino));
+        if (rec != nullptr && rec->attr.nlink == 0) {
+          PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *rec, options_.now(), &queued));
+        }
+      }
+    }
+    PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("release inode " + req.ino.to_string()));
+  }
+  notify_gc(queued);
+  return Status::ok();
+}
+
+Status MetaService::set_layout(const pm::SetLayoutReq& req) {
+  PENSTOCK_RETURN_IF_ERROR(layout::validate_chunk_size(req.chunk_size));
+  std::lock_guard lock(mu_);
+  Txn txn(store_, &used_inodes_);
+  PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.need_dir(req.ino));
+  rec->attr.layout.chunk_size = req.chunk_size;
+  rec->attr.layout.stripe_count = req.stripe_count;
+  rec->attr.layout.seed = 0;
+  rec->attr.layout.chains.clear();
+  txn.dirty(rec);
+  return txn.commit().with_context("set layout of directory " + req.ino.to_string());
+}
+
+Result<pm::StatFsResp> MetaService::stat_fs() {
+  std::lock_guard lock(mu_);
+  pm::StatFsResp resp;
+  for (const auto& [id, t] : targets_) {
+    if (!t.online) continue;
+    resp.total_bytes += t.rec.capacity_bytes;
+    resp.free_bytes += t.rec.free_bytes;
+  }
+  // Inodes are not a preallocated resource here; report plenty free.
+  resp.used_inodes = used_inodes_;
+  resp.total_inodes = used_inodes_ + (uint64_t{1} << 32);
+  resp.block_size = 4096;
+  resp.max_name = pm::kMaxNameBytes;
+  return resp;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cluster map
+
+Result<pm::ClusterMapResp> MetaService::get_cluster_map() {
+  std::lock_guard lock(mu_);
+  pm::ClusterMapResp resp;
+  resp.map.version = map_version_;
+  for (const auto& [id, n] : nodes_) {
+    resp.map.nodes.push_back(proto::NodeInfo{n.rec.id, n.rec.address, n.online, n.last_heartbeat_ns});
+  }
+  for (const auto& [id, t] : targets_) {
+    resp.map.targets.push_back(
+        proto::TargetInfo{t.rec.id, t.rec.node, t.rec.path, t.rec.capacity_bytes, t.rec.free_bytes, t.online});
+  }
+  for (const auto& [id, c] : chains_) resp.map.chains.push_back(c);
+  return resp;
+}
+
+Result<pm::RegisterNodeResp> MetaService::register_node(const pm::RegisterNodeReq& req) {
+  if (req.node_uuid.empty()) return Status(Code::kInvalid, "register node: empty node uuid");
+  auto ep = net::Endpoint::parse(req.address);
+  if (!ep.has_value()) return std::move(ep).error().with_context("register node " + req.node_uuid + ": bad address");
+  std::set<std::string> seen;
+  for (const auto& t : req.targets) {
+    if (t.uuid.empty()) return Status(Code::kInvalid, "register node " + req.node_uuid + ": a target has an empty uuid");
+    if (!seen.insert(t.uuid).second) return Status(Code::kInvalid, "register node " + req.node_uuid + ": target uuid " + t.uuid + " listed twice");
+  }
+  std::lock_guard lock(mu_);
+  int64_t now = options_.now();
+  WriteBatch batch;
+  // Work on copies; they replace the live state only once the batch is durable.
+  uint64_t next_node = next_node_, next_target = next_target_;
+  NodeState node;
+  bool found = false;
+  for (const auto& [id, n] : nodes_) {
+    if (n.rec.uuid == req.node_uuid) {
+      node = n;
+      found = true;
+      break;
+    }
+  }
+  if (!found) {
+    node.rec.id = NodeId(next_node++);
+    node.rec.uuid = req.node_uuid;
+    batch.put(schema::node_uuid_key(req.node_uuid), u64_record(node.rec.id.value));
+    batch.put(std::string(schema::kNextNode), u64_record(next_node));
+  }
+  node.rec.address = req.address;
+  node.online = true;
+  node.last_heartbeat_ns = now;
+  batch.put(schema::node_key(node.rec.id), schema::encode_record(node.rec));
+
+  pm::RegisterNodeResp resp;
+  resp.node = node.rec.id;
+  std::vector<TargetState> new_targets;
+  std::vector<proto::ChainInfo> new_chains;
+  for (const auto& rep : req.targets) {
+    TargetState t;
+    bool known = false;
+    for (const auto& [id, existing] : targets_) {
+      if (existing.rec.uuid == rep.uuid) {
+        t = existing;
+        known = true;
+        break;
+      }
+    }
+    if (!known) {
+      t.rec.id = TargetId(next_target++);
+      t.rec.uuid = rep.uuid;
+      batch.put(schema::target_uuid_key(rep.uuid), u64_record(t.rec.id.value));
+      batch.put(std::string(schema::kNextTarget), u64_record(next_target));
+      // v0: one chain per target, replication 1, chain id = target id.
+      proto::ChainInfo chain{ChainId(t.rec.id.value), {t.rec.id}};
+      batch.put(schema::chain_key(chain.id), schema::encode_record(chain));
+      new_chains.push_back(std::move(chain));
+    }
+    t.rec.node = node.rec.id;
+    t.rec.path = rep.path;
+    t.rec.capacity_bytes = rep.capacity_bytes;
+    t.rec.free_bytes = rep.free_bytes;
+    t.online = true;
+    batch.put(schema::target_key(t.rec.id), schema::encode_record(t.rec));
+    resp.targets.push_back(t.rec.id);
+    new_targets.push_back(std::move(t));
+  }
+  PENSTOCK_RETURN_IF_ERROR(bump_map_version(&batch));
+  Status st = store_->write(batch);
+  if (!st.is_ok()) {
+    --map_version_;
+    return st.with_context("register node " + req.node_uuid);
+  }
+  next_node_ = next_node;
+  next_target_ = next_target;
+  // Targets of this node that it no longer reports are offline.
+  for (auto& [id, t] : targets_) {
+    if (t.rec.node == node.rec.id) t.online = false;
+  }
+  for (auto& t : new_targets) targets_[t.rec.id.value] = std::move(t);
+  for (auto& c : new_chains) chains_[c.id.value] = std::move(c);
+  nodes_[node.rec.id.value] = node;
+  resp.map_version = map_version_;
+  PENSTOCK_LOG(Info) << "data server " << req.node_uuid << " registered as node " << node.rec.id.value << " at "
+                     << req.address << " with " << req.targets.size() << " targets; map version " << map_version_;
+  return resp;
+}
+
+Result<pm::HeartbeatResp> MetaService::node_heartbeat(const pm::NodeHeartbeatReq& req) {
+  std::lock_guard lock(mu_);
+  auto nit = nodes_.find(req.node.value);
+  if (nit == nodes_.end()) {
+    return Status(Code::kNotFound, "node " + req.node.to_string() + " is not registered; register it again");
+  }
+  std::vector<TargetState*> reported;
+  for (const auto& rep : req.targets) {
+    TargetState* found = nullptr;
+    for (auto& [id, t] : targets_) {
+      if (t.rec.uuid == rep.uuid && t.rec.node == req.node) found = &t;
+    }
+    if (found == nullptr) {
+      return Status(Code::kNotFound, "target " + rep.uuid + " is not registered for node " + req.node.to_string() +
+                                         "; register the node again");
+    }
+    reported.push_back(found);
+  }
+  bool changed = !nit->second.online;
+  for (size_t i = 0; i < reported.size(); ++i) {
+    changed = changed || !reported[i]->online;
+  }
+  if (changed) {
+    WriteBatch batch;
+    PENSTOCK_RETURN_IF_ERROR(bump_map_version(&batch));
+    Status st = store_->write(batch);
+    if (!st.is_ok()) {
+      --map_version_;
+      return st.with_context("node heartbeat");
+    }
+    PENSTOCK_LOG(Info) << "node " << req.node.value << " is online again; map version " << map_version_;
+  }
+  nit->second.online = true;
+  nit->second.last_heartbeat_ns = options_.now();
+  for (size_t i = 0; i < reported.size(); ++i) {
+    reported[i]->online = true;
+    reported[i]->rec.capacity_bytes = req.targets[i].capacity_bytes;
+    reported[i]->rec.free_bytes = req.targets[i].free_bytes;
+  }
+  return pm::HeartbeatResp{map_version_};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Maintenance and GC support
+
+Status MetaService::expire() {
+  bool queued = false;
+  Status first;
+  {
+    std::lock_guard lock(mu_);
+    int64_t now = options_.now();
+    std::vector<uint64_t> expired;
+    for (const auto& [id, s] : sessions_) {
+      if (s.expires_ns < now) expired.push_back(id);
+    }
+    for (uint64_t id : expired) {
+      Status st = drop_opens_of_session(SessionId(id), &queued);
+      if (!st.is_ok()) {
+        if (first.is_ok()) first = st.with_context("expire session " + std::to_string(id));
+        continue;
+      }
+      sessions_.erase(id);
+      PENSTOCK_LOG(Info) << "session " << id << " expired (no heartbeat within the lease); its opens were dropped";
+    }
+    std::vector<uint64_t> offline;
+    for (const auto& [id, n] : nodes_) {
+      if (n.online && now - n.last_heartbeat_ns > options_.node_timeout_ns) offline.push_back(id);
+    }
+    if (!offline.empty()) {
+      WriteBatch batch;
+      Status st = bump_map_version(&batch);
+      if (st.is_ok()) st = store_->write(batch);
+      if (!st.is_ok()) {
+        --map_version_;
+        if (first.is_ok()) first = st.with_context("mark nodes offline");
+      } else {
+        for (uint64_t id : offline) {
+          nodes_[id].online = false;
+          for (auto& [tid, t] : targets_) {
+            if (t.rec.node.value == id) t.online = false;
+          }
+          PENSTOCK_LOG(Warn) << "node " << id << " (" << nodes_[id].rec.address
+                             << ") missed its heartbeats and is offline; map version " << map_version_;
+        }
+      }
+    }
+  }
+  notify_gc(queued);
+  return first;
+}
+
+Result<std::vector<GcTask>> MetaService::gc_pending(InodeId after, size_t max) {
+  std::vector<std::pair<InodeId, std::vector<ChainId>>> jobs;
+  Status st;
+  std::string seek = schema::gc_key(InodeId(after.value + 1));
+  PENSTOCK_RETURN_IF_ERROR(store_->scan(schema::kGcPrefix, seek, [&](std::string_view key, std::string_view value) {
+    if (jobs.size() >= max) return false;
+    auto rec = schema::decode_record<schema::GcRecord>(value, key);
+    if (!rec.has_value()) {
+      st = rec.error();
+      return false;
+    }
+    jobs.emplace_back(rec->attr.ino, rec->attr.layout.chains);
+    return true;
+  }));
+  PENSTOCK_RETURN_IF_ERROR(st);
+  std::lock_guard lock(mu_);
+  std::vector<GcTask> out;
+  for (auto& [ino, chains] : jobs) {
+    GcTask task{ino, {}};
+    for (ChainId c : chains) {
+      auto it = chains_.find(c.value);
+      if (it == chains_.end()) continue;
+      for (TargetId t : it->second.targets) {
+        if (std::find(task.targets.begin(), task.targets.end(), t) == task.targets.end()) task.targets.push_back(t);
+      }
+    }
+    out.push_back(std::move(task));
+  }
+  return out;
+}
+
+Status MetaService::gc_done(InodeId ino) {
+  std::lock_guard lock(mu_);
+  WriteBatch batch;
+  batch.del(schema::gc_key(ino));
+  return store_->write(batch).with_context("finish collecting inode " + ino.to_string());
+}
+
+Result<std::string> MetaService::target_address(TargetId target) {
+  std::lock_guard lock(mu_);
+  auto it = targets_.find(target.value);
+  if (it == targets_.end()) return Status(Code::kNotFound, "target " + target.to_string() + " is not in the cluster map");
+  auto nit = nodes_.find(it->second.rec.node.value);
+  if (nit == nodes_.end()) return Status(Code::kNotFound, "node of target " + target.to_string() + " is not in the cluster map");
+  return nit->second.rec.address;
+}
+
+}  // namespace penstock::meta

@@ -1,0 +1,205 @@
+// MetaService: penstock-meta's whole logic (namespace, sessions and open files, the cluster map)
+// as plain methods over a Store, one per RPC of common/proto/meta_service.h. No networking here:
+// server/meta/meta_server.h binds these methods to an rpc::RpcServer, and unit tests call them
+// directly. Errors are the codes a local POSIX file system would give (see each method).
+//
+// Durability: every mutation is one atomic Store write batch; when a method returns ok its effect
+// is durable. Inode numbers, session, node and target ids are never reused, also across crashes.
+//
+// Ownership: borrows the Store (which must outlive it). Time comes from MetaOptions::now (a fake
+// clock in tests); nothing here sleeps or starts threads (the daemon calls expire() periodically
+// and runs the GarbageCollector of server/meta/gc.h).
+// Thread-safety: every method may be called from any thread at once. Mutations are serialized by
+// one mutex; pure namespace reads (lookup, getattr, readdir, readlink, xattrs, layouts) do not take
+// it and read the store directly.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/base/result.h"
+#include "common/proto/meta_service.h"
+#include "server/meta/schema.h"
+#include "server/meta/store.h"
+
+namespace penstock::meta {
+
+namespace pm = ::penstock::proto::meta;
+
+// Nanoseconds since the Unix epoch. Used for timestamps, session leases and node timeouts.
+using NowFn = std::function<int64_t()>;
+// The system clock as a NowFn.
+int64_t system_now_ns();
+
+struct MetaOptions {
+  int64_t session_lease_ns = 30'000'000'000;  // a session that does not heartbeat for this long expires
+  int64_t node_timeout_ns = 10'000'000'000;   // a data server without heartbeat this long is offline
+  uint64_t inode_batch = 1024;                // inode numbers reserved per persisted counter write
+  NowFn now = system_now_ns;
+  uint64_t seed = 0;                          // chain selection randomness; 0: from std::random_device
+};
+
+// One queued garbage-collection job: remove every chunk of `ino` on each of `targets`.
+struct GcTask {
+  InodeId ino;
+  std::vector<TargetId> targets;
+};
+
+class MetaService {
+ public:
+  // Loads the namespace from `store`, creating the root directory (inode 1, mode 0755, owner 0:0,
+  // default layout 4 MiB chunks over all chains) on first start. Sessions found in the store get a
+  // fresh lease from now (they expire unless they heartbeat); every node starts offline; the map
+  // version is bumped once. kCorrupt / kIo from the store.
+  static Result<std::unique_ptr<MetaService>> open(Store* store, MetaOptions options);
+
+  MetaService(const MetaService&) = delete;
+  MetaService& operator=(const MetaService&) = delete;
+
+  // ---- sessions ----
+  // A new session id (never reused) with the lease length.
+  Result<pm::RegisterSessionResp> register_session(const pm::RegisterSessionReq& req);
+  // Renews the lease. kBadHandle when the session is unknown or expired: register a new one.
+  Result<pm::HeartbeatResp> heartbeat(const pm::SessionReq& req);
+  // Drops the session and all its opens (which may release orphans to GC). kBadHandle if unknown.
+  Status close_session(const pm::SessionReq& req);
+
+  // ---- namespace ----
+  // Errors common to everything taking (parent, name): kInvalid for an empty name, ".", "..", or a
+  // name with '/' or NUL; kNameTooLong over 255 bytes; kNotFound when parent is missing;
+  // kNotDir when parent is not a directory.
+  Result<pm::AttrResp> lookup(const pm::LookupReq& req);          // kNotFound when the name is absent
+  Result<pm::AttrResp> get_attr(const pm::InodeReq& req);         // kNotFound when the inode is gone
+  // Applies the `valid` fields. Size (regular files only: kIsDir on a directory, kInvalid on other
+  // types) is set exactly and bumps generation; the caller has already cut the chunks. ctime is
+  // always set to now; mtime too when the size is set without an explicit mtime.
+  Result<pm::AttrResp> set_attr(const pm::SetAttrReq& req);
+  // A regular file with chains chosen from the parent's layout. With req.session valid the file is
+  // also opened for it. kExists when the name is taken; kUnavailable when no data chain is online;
+  // kBadHandle for an unknown session.
+  Result<pm::AttrResp> create(const pm::CreateReq& req);
+  // Regular (type 0 or S_IFREG, like create), FIFO, socket, char and block devices (rdev kept).
+  // S_IFDIR: kNotPermitted (use mkdir); S_IFLNK or unknown type: kInvalid.
+  Result<pm::AttrResp> mknod(const pm::MknodReq& req);
+  Result<pm::AttrResp> mkdir(const pm::MkdirReq& req);            // kExists
+  Status unlink(const pm::NameReq& req);                          // kNotFound, kIsDir
+  Status rmdir(const pm::NameReq& req);                           // kNotFound, kNotDir, kNotEmpty
+  // renameat2 semantics, see namespace.cc for the full list of cases.
+  Status rename(const pm::RenameReq& req);
+  // kNotPermitted for a directory, kExists, kNotFound when ino has no links left.
+  Result<pm::AttrResp> link(const pm::LinkReq& req);
+  // kNameTooLong when the target exceeds 4095 bytes, kNotFound when it is empty (as Linux).
+  Result<pm::AttrResp> symlink(const pm::SymlinkReq& req);
+  Result<pm::ReadlinkResp> readlink(const pm::InodeReq& req);     // kInvalid when not a symlink
+  // Entries with names strictly after req.after, in name order, at most max_entries (0 means 1024;
+  // capped at 4096). "." and ".." are not listed (the client adds them). kNotDir.
+  Result<pm::ReadDirResp> read_dir(const pm::ReadDirReq& req);
+  Result<pm::StatFsResp> stat_fs();
+
+  // ---- xattrs ----
+  Result<pm::GetXattrResp> get_xattr(const pm::GetXattrReq& req);  // kNoData when absent
+  // flags: 1 CREATE (kExists when present), 2 REPLACE (kNoData when absent), both: kInvalid.
+  // Value over 64 KiB: kRange (Linux says E2BIG; ERANGE is the nearest code in our table).
+  // Empty name or one over 255 bytes: kRange (as Linux).
+  Status set_xattr(const pm::SetXattrReq& req);
+  Result<pm::ListXattrResp> list_xattr(const pm::InodeReq& req);
+  Status remove_xattr(const pm::GetXattrReq& req);                 // kNoData when absent
+
+  // ---- open files ----
+  // Counts one open of ino by the session; works on an unlinked-but-open inode. kNotFound,
+  // kBadHandle for an unknown session.
+  Result<pm::AttrResp> open_file(const pm::OpenReq& req);
+  // Drops one open. Idempotent: releasing an open that is not recorded is ok. The last release of
+  // an unlinked inode queues it for garbage collection.
+  Status release(const pm::ReleaseReq& req);
+  // size = max(size, req.size), mtime = req.mtime_ns (now when 0), generation bumped. kIsDir.
+  Result<pm::AttrResp> report_size(const pm::ReportSizeReq& req);
+
+  // ---- layouts ----
+  Result<pm::LayoutResp> get_layout(const pm::InodeReq& req);
+  // Directories only (kNotDir); kInvalid for a bad chunk size. stripe_count 0 means all chains.
+  Status set_layout(const pm::SetLayoutReq& req);
+
+  // ---- cluster ----
+  Result<pm::ClusterMapResp> get_cluster_map();
+  // Same uuid => same id forever. kInvalid for an empty uuid or a bad address.
+  Result<pm::RegisterNodeResp> register_node(const pm::RegisterNodeReq& req);
+  // kNotFound for an unknown node or target: the data server should register again.
+  Result<pm::HeartbeatResp> node_heartbeat(const pm::NodeHeartbeatReq& req);
+
+  // ---- maintenance (the daemon calls these from its own threads) ----
+  // Expires sessions whose lease passed (dropping their opens) and marks nodes offline whose last
+  // heartbeat is older than node_timeout. Returns the first store error (and goes on with others).
+  Status expire();
+  // Up to `max` queued GC jobs in inode order, starting after `after`.
+  Result<std::vector<GcTask>> gc_pending(InodeId after, size_t max);
+  // The job of `ino` is done: deletes its queue entry.
+  Status gc_done(InodeId ino);
+  // The address of the node serving `target`; kNotFound if unknown.
+  Result<std::string> target_address(TargetId target);
+  // Called (outside the lock) whenever a job is queued, so the collector can wake up.
+  void set_gc_wakeup(std::function<void()> fn);
+  uint64_t map_version();
+  const MetaOptions& options() const { return options_; }
+
+ private:
+  class Txn;
+  struct SessionState {
+    int64_t expires_ns = 0;
+  };
+  struct NodeState {
+    schema::NodeRecord rec;
+    bool online = false;
+    int64_t last_heartbeat_ns = 0;
+  };
+  struct TargetState {
+    schema::TargetRecord rec;
+    bool online = false;
+  };
+
+  MetaService(Store* store, MetaOptions options);
+  Status load();
+
+  // All REQUIRE mu_ held.
+  Result<InodeId> allocate_inode();
+  Result<std::vector<ChainId>> pick_chains(uint32_t stripe_count, uint32_t* seed);
+  Result<pm::AttrResp> make_node(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
+                                 const proto::Caller& caller, SessionId session, const std::string& symlink_target);
+  Status drop_link(Txn& txn, schema::InodeRecord& rec, int64_t now, bool* queued_gc);
+  Status finalize_inode(Txn& txn, const schema::InodeRecord& rec, int64_t now, bool* queued_gc);
+  Status drop_opens_of_session(SessionId session, bool* queued_gc);
+  Status bump_map_version(WriteBatch* batch);
+  bool session_alive(SessionId s);
+  void notify_gc(bool queued);
+
+  Store* store_;
+  MetaOptions options_;
+
+  // Lock order: mu_ is the only lock of this class and is taken before the store's internal
+  // locks. It serializes every mutation (so a read-check-write batch never races another) and
+  // guards all in-memory state below. Never held across a network wait.
+  std::mutex mu_;
+  uint64_t next_ino_ = 0;       // next inode number to hand out
+  uint64_t ino_batch_end_ = 0;  // persisted: numbers below this may have been handed out
+  uint64_t next_session_ = 1;
+  uint64_t next_node_ = 1;
+  uint64_t next_target_ = 1;
+  uint64_t used_inodes_ = 0;
+  uint64_t map_version_ = 0;
+  uint64_t chain_cursor_ = 0;   // rotating start position of chain selection
+  std::mt19937_64 rng_;
+  std::unordered_map<uint64_t, SessionState> sessions_;
+  std::map<uint64_t, NodeState> nodes_;
+  std::map<uint64_t, TargetState> targets_;
+  std::map<uint64_t, proto::ChainInfo> chains_;
+  std::function<void()> gc_wakeup_;
+};
+
+}  // namespace penstock::meta

@@ -1,0 +1,91 @@
+// Store: the ordered key-value store under penstock-meta's namespace (docs/meta-store.md has the
+// key schema). Keys and values are byte strings compared bytewise (memcmp order, shorter first).
+// Three operations are all the namespace needs: a point get, an atomic write batch (all of it is
+// applied or none of it, and when write() returns ok it is durable), and a forward scan over one
+// key prefix starting at a seek key, delivered a few entries at a time so that listing a directory
+// with millions of entries never loads it whole.
+//
+// Implementations: RocksDbStore (server/meta/rocksdb_store.h, the daemon's) and MemoryStore (below,
+// for unit tests). A later distributed transactional KV fits behind the same interface.
+//
+// Ownership: the creator owns the Store; the namespace (MetaService) borrows it.
+// Thread-safety: every method may be called from any thread at once. A scan sees every write that
+// completed before it started; writes that complete during the scan may or may not be seen.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/base/result.h"
+
+namespace penstock::meta {
+
+// A list of puts and deletes applied atomically by Store::write, in order (a later operation on
+// the same key wins). Single-threaded value type.
+class WriteBatch {
+ public:
+  struct Op {
+    bool is_delete = false;
+    std::string key;
+    std::string value;
+  };
+
+  void put(std::string key, std::string value) { ops_.push_back(Op{false, std::move(key), std::move(value)}); }
+  void del(std::string key) { ops_.push_back(Op{true, std::move(key), {}}); }
+  bool empty() const { return ops_.empty(); }
+  size_t size() const { return ops_.size(); }
+  const std::vector<Op>& ops() const { return ops_; }
+
+ private:
+  std::vector<Op> ops_;
+};
+
+// Called once per entry during a scan, in key order. Return false to stop the scan.
+// The views are valid only during the call. The callback may call get() on the same store.
+using ScanFn = std::function<bool(std::string_view key, std::string_view value)>;
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // The value of `key`, or nullopt when absent. kIo / kCorrupt when the store cannot be read.
+  virtual Result<std::optional<std::string>> get(std::string_view key) = 0;
+
+  // Applies every operation of `batch` atomically; ok means durable (survives a process kill).
+  // kIo / kNoSpace on failure, and then nothing of the batch was applied.
+  virtual Status write(const WriteBatch& batch) = 0;
+
+  // Calls fn for every key that starts with `prefix` and is >= `seek`, in key order, until fn
+  // returns false or the prefix is exhausted. `seek` smaller than `prefix` means "from the start
+  // of the prefix". kIo when the store cannot be read.
+  virtual Status scan(std::string_view prefix, std::string_view seek, const ScanFn& fn) = 0;
+
+  // A short description for logs ("rocksdb /var/lib/penstock/meta", "memory").
+  virtual std::string describe() const = 0;
+};
+
+// An in-memory Store over std::map, for unit tests. write() is atomic under a writer lock; nothing
+// survives the object. Thread-safe.
+class MemoryStore final : public Store {
+ public:
+  Result<std::optional<std::string>> get(std::string_view key) override;
+  Status write(const WriteBatch& batch) override;
+  Status scan(std::string_view prefix, std::string_view seek, const ScanFn& fn) override;
+  std::string describe() const override { return "memory"; }
+
+  // Number of keys (tests use it to check that nothing leaks).
+  size_t size() const;
+
+ private:
+  mutable std::shared_mutex mu_;  // leaf lock: never held while calling out (scan copies a page)
+  std::map<std::string, std::string, std::less<>> data_;
+};
+
+}  // namespace penstock::meta

@@ -1,0 +1,205 @@
+// How penstock-mount starts and fails: against a metadata server that is not there it exits
+// non-zero within seconds and leaves nothing mounted; through the mount(8) helper
+// (deploy/mount.fuse.penstock SOURCE MOUNTPOINT -o OPTIONS) it mounts a running cluster.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/support/cluster.h"
+#include "tests/support/posix_util.h"
+
+namespace penstock::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool local_only() {
+  const char* d = std::getenv("PENSTOCK_TEST_DIR");
+  return d != nullptr && *d != '\0';
+}
+
+std::string mount_binary() { return build_dir() + "/client/fuse/penstock-mount"; }
+
+// A loopback port nothing listens on: bound to learn a free number, then closed.
+int closed_port() {
+  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) {
+    return 0;
+  }
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = 0;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(s, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(s);
+  return port;
+}
+
+// PIDs of live penstock-mount processes whose command line names `mount_point` (a path unique
+// to this test, so these can only be the processes this test started).
+std::vector<pid_t> mount_daemons_for(const std::string& mount_point) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) {
+      continue;
+    }
+    std::ifstream in(e.path() / "cmdline", std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.empty()) {
+      continue;  // exited, or a zombie
+    }
+    std::vector<std::string> args;
+    size_t pos = 0;
+    while (pos < cmdline.size()) {
+      size_t end = cmdline.find('\0', pos);
+      if (end == std::string::npos) {
+        end = cmdline.size();
+      }
+      args.push_back(cmdline.substr(pos, end - pos));
+      pos = end + 1;
+    }
+    bool is_mount = !args.empty() && fs::path(args[0]).filename() == "penstock-mount";
+    bool names_it = false;
+    for (const auto& a : args) {
+      names_it |= (a == mount_point || a == mount_point + "/");
+    }
+    if (is_mount && names_it) {
+      out.push_back(static_cast<pid_t>(std::stol(name)));
+    }
+  }
+  return out;
+}
+
+// Unmounts `mount_point` if mounted and makes sure the daemon serving it has exited.
+void unmount_and_reap(const std::string& mount_point) {
+  for (int i = 0; i < 10 && is_mount_point(mount_point); ++i) {
+    run_command({"/usr/bin/fusermount3", "-u", mount_point}, 20);
+    if (is_mount_point(mount_point)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+  }
+  if (is_mount_point(mount_point)) {
+    run_command({"/usr/bin/fusermount3", "-u", "-z", mount_point}, 20);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!mount_daemons_for(mount_point).empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  for (pid_t pid : mount_daemons_for(mount_point)) {
+    ADD_FAILURE() << "penstock-mount pid " << pid << " for " << mount_point
+                  << " still runs 10 s after the unmount; sending SIGKILL";
+    kill(pid, SIGKILL);
+  }
+}
+
+class MountTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (local_only()) {
+      GTEST_SKIP() << "mount tests need the Penstock binaries (PENSTOCK_TEST_DIR is set)";
+    }
+    std::string tmp = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
+                      "/penstock-mount-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmp.data()), nullptr) << errno_name(errno);
+    dir_ = tmp;
+    chmod(dir_.c_str(), 0755);
+  }
+
+  void TearDown() override {
+    for (const auto& m : made_) {
+      unmount_and_reap(m);
+    }
+    if (!dir_.empty() && !is_mount_point(dir_ + "/mnt")) {
+      std::error_code ec;
+      fs::remove_all(dir_, ec);
+    }
+  }
+
+  std::string dir_;
+  std::vector<std::string> made_;  // mount points this test may have mounted
+};
+
+TEST_F(MountTest, UnreachableMetaExitsNonZeroWithinTenSeconds) {
+  int port = closed_port();
+  ASSERT_GT(port, 0);
+  std::string mnt = dir_ + "/mnt";
+  ASSERT_EQ(mkdir(mnt.c_str(), 0755), 0);
+  made_.push_back(mnt);
+  std::string meta = "127.0.0.1:" + std::to_string(port);
+  // Daemonizing form (the default): the parent must not report success before the mount works.
+  CommandResult r = run_command({mount_binary(), "--meta", meta, mnt}, 30);
+  EXPECT_NE(r.exit_code, 0) << "penstock-mount against a closed port succeeded:\n" << r.output;
+  EXPECT_FALSE(r.timed_out) << r.output;
+  EXPECT_LT(r.seconds, 10.0) << "took " << r.seconds << " s:\n" << r.output;
+  EXPECT_FALSE(is_mount_point(mnt)) << "left a mount behind";
+  EXPECT_FALSE(r.output.empty()) << "exited without saying why";
+  std::cout << "penstock-mount said (exit " << r.exit_code << ", " << r.seconds << " s):\n"
+            << r.output << std::endl;
+  // Foreground form.
+  r = run_command({mount_binary(), "--meta", meta, "-f", mnt}, 30);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(r.seconds, 10.0) << "took " << r.seconds << " s:\n" << r.output;
+  EXPECT_FALSE(is_mount_point(mnt));
+  EXPECT_TRUE(mount_daemons_for(mnt).empty()) << "a penstock-mount process stayed behind";
+}
+
+TEST_F(MountTest, MountHelperMountsARunningCluster) {
+  Cluster cluster;
+  ASSERT_TRUE(cluster.up());
+  std::string mnt = cluster.temp_dir() + "/helper-mnt";
+  ASSERT_EQ(mkdir(mnt.c_str(), 0755), 0);
+  made_.push_back(mnt);
+  // Whatever happens below, the cluster's down (and its emergency cleanup) unmounts it too.
+  ASSERT_TRUE(cluster.adopt_mount(mnt));
+  std::string path_env = "PATH=" + build_dir() + "/client/fuse:" +
+                         (std::getenv("PATH") ? std::getenv("PATH") : "/usr/bin:/bin");
+  CommandResult r = run_command(
+      {source_dir() + "/deploy/mount.fuse.penstock", cluster.meta_addr(), mnt, "-o", "allow_other"},
+      60, {path_env, "PENSTOCK_BUILD=" + build_dir()});
+  ASSERT_EQ(r.exit_code, 0) << "mount.fuse.penstock failed:\n" << r.output;
+  EXPECT_LT(r.seconds, 30.0);
+  ASSERT_TRUE(is_mount_point(mnt)) << "helper exited 0 but nothing is mounted at " << mnt << ":\n"
+                                   << r.output;
+  struct stat st {};
+  ASSERT_EQ(stat(mnt.c_str(), &st), 0) << errno_name(errno);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  // It is the same file system as the cluster's own mount.
+  std::string a = cluster.mount_path() + "/via-local-cluster";
+  ASSERT_TRUE(write_file(a, "hello through two mounts"));
+  std::string back;
+  ASSERT_TRUE(read_file(mnt + "/via-local-cluster", &back));
+  EXPECT_EQ(back, "hello through two mounts");
+  ASSERT_TRUE(write_file(mnt + "/via-helper", "and back"));
+  ASSERT_TRUE(read_file(cluster.mount_path() + "/via-helper", &back));
+  EXPECT_EQ(back, "and back");
+  unmount_and_reap(mnt);
+  EXPECT_FALSE(is_mount_point(mnt));
+  EXPECT_TRUE(cluster.down());
+}
+
+}  // namespace
+}  // namespace penstock::testing

@@ -1,0 +1,248 @@
+// The consistency contract across two mounts of one cluster (two "hosts"): namespace operations
+// on mount A are visible on mount B at once (no dentry, attribute or negative-dentry caching),
+// and close-to-open holds for data: after close() on A, open() on B sees the data and the size.
+#include <dirent.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "tests/support/cluster.h"
+#include "tests/support/posix_util.h"
+
+namespace penstock::testing {
+namespace {
+
+class TwoMountsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (local_only()) {
+      return;
+    }
+    cluster_ = std::make_unique<Cluster>();
+    auto r = cluster_->up();
+    if (!r) {
+      setup_error_ = r.message();
+      return;
+    }
+    r = cluster_->add_mount(&b_root_);
+    if (!r) {
+      setup_error_ = r.message();
+    }
+  }
+
+  static void TearDownTestSuite() {
+    if (cluster_) {
+      EXPECT_TRUE(cluster_->down());
+      cluster_.reset();
+    }
+  }
+
+  static bool local_only() {
+    const char* d = std::getenv("PENSTOCK_TEST_DIR");
+    return d != nullptr && *d != '\0';
+  }
+
+  void SetUp() override {
+    if (local_only()) {
+      GTEST_SKIP() << "two mounts need a real cluster (PENSTOCK_TEST_DIR is set)";
+    }
+    ASSERT_TRUE(setup_error_.empty()) << setup_error_;
+    umask(022);
+    a_ = make_test_dir(cluster_->mount_path());
+    ASSERT_FALSE(a_.empty());
+    b_ = b_root_ + a_.substr(cluster_->mount_path().size());
+  }
+
+  void TearDown() override {
+    if (HasFailure() && cluster_) {
+      std::cerr << cluster_->log_tails(40);
+    }
+  }
+
+  std::string a(const std::string& name) const { return a_ + "/" + name; }
+  std::string b(const std::string& name) const { return b_ + "/" + name; }
+
+  static std::unique_ptr<Cluster> cluster_;
+  static std::string b_root_;
+  static std::string setup_error_;
+  std::string a_, b_;  // the same directory seen through mount A and mount B
+};
+
+std::unique_ptr<Cluster> TwoMountsTest::cluster_;
+std::string TwoMountsTest::b_root_;
+std::string TwoMountsTest::setup_error_;
+
+std::string contents(const std::string& path) {
+  std::string out;
+  EXPECT_TRUE(read_file(path, &out));
+  return out;
+}
+
+std::set<std::string> list_dir(const std::string& path) {
+  std::set<std::string> names;
+  DIR* d = opendir(path.c_str());
+  EXPECT_NE(d, nullptr) << path << ": " << errno_name(errno);
+  if (d == nullptr) {
+    return names;
+  }
+  while (dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n != "." && n != "..") {
+      names.insert(n);
+    }
+  }
+  closedir(d);
+  return names;
+}
+
+TEST_F(TwoMountsTest, MkdirOnAIsVisibleOnBAtOnce) {
+  ASSERT_EQ(mkdir(a("d").c_str(), 0755), 0) << errno_name(errno);
+  struct stat sa {}, sb {};
+  ASSERT_EQ(stat(b("d").c_str(), &sb), 0) << errno_name(errno);
+  ASSERT_EQ(stat(a("d").c_str(), &sa), 0);
+  EXPECT_TRUE(S_ISDIR(sb.st_mode));
+  EXPECT_EQ(sa.st_ino, sb.st_ino);
+  EXPECT_EQ(list_dir(b_), (std::set<std::string>{"d"}));
+  // A chain of directories made on A, used at once on B (the checkpoint-directory pattern).
+  ASSERT_EQ(mkdir(a("d/e").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir(a("d/e/f").c_str(), 0755), 0);
+  ASSERT_TRUE(write_file(b("d/e/f/from-b"), "written on B"));
+  EXPECT_EQ(contents(a("d/e/f/from-b")), "written on B");
+  // rmdir on B is seen on A.
+  ASSERT_EQ(unlink(b("d/e/f/from-b").c_str()), 0);
+  ASSERT_EQ(rmdir(b("d/e/f").c_str()), 0) << errno_name(errno);
+  PENSTOCK_EXPECT_ERRNO(ENOENT, stat(a("d/e/f").c_str(), &sa));
+}
+
+TEST_F(TwoMountsTest, NoNegativeCaching) {
+  struct stat st {};
+  for (int i = 0; i < 3; ++i) {
+    PENSTOCK_EXPECT_ERRNO(ENOENT, stat(b("late").c_str(), &st));
+  }
+  ASSERT_TRUE(write_file(a("late"), "arrived"));
+  ASSERT_EQ(stat(b("late").c_str(), &st), 0) << "B cached the negative lookup: " << errno_name(errno);
+  EXPECT_EQ(contents(b("late")), "arrived");
+  ASSERT_EQ(mkdir(a("late-dir").c_str(), 0755), 0);
+  EXPECT_EQ(stat(b("late-dir").c_str(), &st), 0) << errno_name(errno);
+}
+
+TEST_F(TwoMountsTest, CloseToOpenSeesDataAndSize) {
+  ASSERT_EQ(mkdir(a("small").c_str(), 0755), 0);
+  std::string v = "chunk_size=65536 stripe_count=3";
+  ASSERT_EQ(setxattr(a("small").c_str(), "user.penstock.layout", v.data(), v.size(), 0), 0)
+      << errno_name(errno);
+  const size_t kSize = (1 << 20) + 123;
+  std::string v1 = pattern(kSize, 0, 1);
+  ASSERT_TRUE(write_file(a("small/f"), v1));
+  struct stat st {};
+  ASSERT_EQ(stat(b("small/f").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, static_cast<off_t>(kSize));
+  EXPECT_TRUE(same_bytes(v1, contents(b("small/f"))));
+  // Same size, new bytes: B must not serve its cached pages from the first open.
+  std::string v2 = pattern(kSize, 0, 2);
+  ASSERT_TRUE(write_file(a("small/f"), v2));
+  EXPECT_TRUE(same_bytes(v2, contents(b("small/f")))) << "stale data on B after close on A";
+  // A partial overwrite in the middle of a chunk.
+  {
+    UniqueFd fd(open(a("small/f").c_str(), O_WRONLY));
+    ASSERT_TRUE(fd.ok());
+    std::string patch = pattern(1000, 0, 3);
+    ASSERT_TRUE(pwrite_all(fd.get(), patch, 70000));
+    v2.replace(70000, patch.size(), patch);
+    ASSERT_EQ(fd.close(), 0) << errno_name(errno);
+  }
+  EXPECT_TRUE(same_bytes(v2, contents(b("small/f"))));
+  // Growing on A: B sees the new size; shrinking too.
+  {
+    UniqueFd fd(open(a("small/f").c_str(), O_WRONLY | O_APPEND));
+    ASSERT_TRUE(fd.ok());
+    std::string more = pattern(5000, kSize, 4);
+    ASSERT_TRUE(write_all(fd.get(), more));
+    v2 += more;
+    ASSERT_EQ(fsync(fd.get()), 0) << errno_name(errno);
+    // fsync alone publishes the data too.
+    EXPECT_TRUE(same_bytes(v2, contents(b("small/f")))) << "after fsync on A";
+  }
+  ASSERT_EQ(truncate(a("small/f").c_str(), 4000), 0);
+  ASSERT_EQ(stat(b("small/f").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 4000);
+  EXPECT_TRUE(same_bytes(v2.substr(0, 4000), contents(b("small/f"))));
+  // And the other direction, with the default layout.
+  std::string v3 = pattern(3 << 20, 0, 5);
+  ASSERT_TRUE(write_file(b("from-b"), v3));
+  EXPECT_TRUE(same_bytes(v3, contents(a("from-b"))));
+}
+
+TEST_F(TwoMountsTest, UnlinkOnAGivesEnoentOnB) {
+  ASSERT_TRUE(write_file(a("f"), "soon gone"));
+  struct stat st {};
+  ASSERT_EQ(stat(b("f").c_str(), &st), 0);
+  EXPECT_EQ(contents(b("f")), "soon gone");
+  ASSERT_EQ(unlink(a("f").c_str()), 0);
+  PENSTOCK_EXPECT_ERRNO(ENOENT, stat(b("f").c_str(), &st));
+  PENSTOCK_EXPECT_ERRNO(ENOENT, open(b("f").c_str(), O_RDONLY));
+  EXPECT_EQ(list_dir(b_).count("f"), 0u);
+  ASSERT_EQ(mkdir(a("d").c_str(), 0755), 0);
+  ASSERT_EQ(stat(b("d").c_str(), &st), 0);
+  ASSERT_EQ(rmdir(a("d").c_str()), 0);
+  PENSTOCK_EXPECT_ERRNO(ENOENT, stat(b("d").c_str(), &st));
+}
+
+TEST_F(TwoMountsTest, RenameOnAIsSeenOnB) {
+  ASSERT_TRUE(write_file(a("old"), "renamed content"));
+  ASSERT_EQ(mkdir(a("dir").c_str(), 0755), 0);
+  ASSERT_TRUE(write_file(a("dir/inner"), "inner"));
+  struct stat st {};
+  ASSERT_EQ(stat(b("old").c_str(), &st), 0);
+  ASSERT_EQ(stat(b("dir/inner").c_str(), &st), 0);
+  ASSERT_EQ(rename(a("old").c_str(), a("new").c_str()), 0) << errno_name(errno);
+  ASSERT_EQ(rename(a("dir").c_str(), a("moved").c_str()), 0) << errno_name(errno);
+  PENSTOCK_EXPECT_ERRNO(ENOENT, stat(b("old").c_str(), &st));
+  PENSTOCK_EXPECT_ERRNO(ENOENT, stat(b("dir/inner").c_str(), &st));
+  EXPECT_EQ(contents(b("new")), "renamed content");
+  EXPECT_EQ(contents(b("moved/inner")), "inner");
+  EXPECT_EQ(list_dir(b_), (std::set<std::string>{"new", "moved"}));
+  // Replacing rename: B opens the new file under the old target name.
+  ASSERT_TRUE(write_file(a("target"), "old target"));
+  EXPECT_EQ(contents(b("target")), "old target");
+  ASSERT_EQ(rename(a("new").c_str(), a("target").c_str()), 0);
+  EXPECT_EQ(contents(b("target")), "renamed content");
+}
+
+TEST_F(TwoMountsTest, AttributesLinksAndXattrsOnAAreSeenOnB) {
+  ASSERT_TRUE(write_file(a("f"), "x"));
+  ASSERT_EQ(chmod(a("f").c_str(), 0604), 0);
+  struct timespec times[2] = {{1111111111, 1}, {1222222222, 2}};
+  ASSERT_EQ(utimensat(AT_FDCWD, a("f").c_str(), times, 0), 0);
+  struct stat st {};
+  ASSERT_EQ(stat(b("f").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0604u);
+  EXPECT_EQ(st.st_mtim.tv_sec, 1222222222);
+  EXPECT_EQ(st.st_mtim.tv_nsec, 2);
+  ASSERT_EQ(link(a("f").c_str(), a("g").c_str()), 0);
+  ASSERT_EQ(stat(b("f").c_str(), &st), 0);
+  EXPECT_EQ(st.st_nlink, 2u);
+  ASSERT_EQ(symlink("f", a("s").c_str()), 0);
+  char buf[64];
+  ssize_t n = readlink(b("s").c_str(), buf, sizeof(buf));
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(buf[0], 'f');
+  ASSERT_EQ(setxattr(a("f").c_str(), "user.tag", "v1", 2, 0), 0);
+  n = getxattr(b("f").c_str(), "user.tag", buf, sizeof(buf));
+  ASSERT_EQ(n, 2) << errno_name(errno);
+  EXPECT_EQ(std::string(buf, 2), "v1");
+  ASSERT_EQ(removexattr(a("f").c_str(), "user.tag"), 0);
+  PENSTOCK_EXPECT_ERRNO(ENODATA, getxattr(b("f").c_str(), "user.tag", buf, sizeof(buf)));
+}
+
+}  // namespace
+}  // namespace penstock::testing

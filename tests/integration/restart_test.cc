@@ -1,0 +1,328 @@
+// Durability across restarts: a whole tree (files of several sizes on two layouts, directories,
+// symlinks, hard links, modes, times, xattrs) is found again byte for byte after the whole
+// cluster is stopped and started on the same state; and mutations acknowledged just before the
+// metadata server is killed with SIGKILL are present after it restarts.
+#include <ftw.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/support/cluster.h"
+#include "tests/support/posix_util.h"
+
+namespace penstock::testing {
+namespace {
+
+// Everything observable about one entry of a tree, to compare before and after a restart.
+struct Entry {
+  mode_t mode = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  off_t size = 0;
+  nlink_t nlink = 0;
+  ino_t ino = 0;
+  struct timespec mtime {};
+  std::string data;  // file bytes or symlink target
+  std::map<std::string, std::string> xattrs;
+};
+
+std::string describe(const Entry& e) {
+  std::ostringstream out;
+  out << "mode " << std::oct << e.mode << std::dec << " uid " << e.uid << " gid " << e.gid
+      << " size " << e.size << " nlink " << e.nlink << " ino " << e.ino << " mtime "
+      << e.mtime.tv_sec << "." << e.mtime.tv_nsec << " data " << e.data.size() << " bytes, "
+      << e.xattrs.size() << " xattrs";
+  return out.str();
+}
+
+bool same(const Entry& x, const Entry& y) {
+  return x.mode == y.mode && x.uid == y.uid && x.gid == y.gid && x.size == y.size &&
+         x.nlink == y.nlink && x.ino == y.ino && x.mtime.tv_sec == y.mtime.tv_sec &&
+         x.mtime.tv_nsec == y.mtime.tv_nsec && x.data == y.data && x.xattrs == y.xattrs;
+}
+
+std::map<std::string, Entry>* g_walk_out = nullptr;
+std::string g_walk_root;
+
+std::map<std::string, std::string> xattrs_of(const char* path) {
+  std::map<std::string, std::string> out;
+  ssize_t size = llistxattr(path, nullptr, 0);
+  if (size <= 0) {
+    return out;
+  }
+  std::string names(static_cast<size_t>(size), '\0');
+  size = llistxattr(path, names.data(), names.size());
+  for (size_t pos = 0; size > 0 && pos < static_cast<size_t>(size);) {
+    std::string name(names.c_str() + pos);
+    pos += name.size() + 1;
+    std::string value(65536, '\0');
+    ssize_t n = lgetxattr(path, name.c_str(), value.data(), value.size());
+    if (n >= 0) {
+      value.resize(static_cast<size_t>(n));
+      out[name] = value;
+    } else {
+      out[name] = "<error " + errno_name(errno) + ">";
+    }
+  }
+  return out;
+}
+
+int walk_one(const char* path, const struct stat* st, int /*type*/, struct FTW* /*ftw*/) {
+  Entry e;
+  e.mode = st->st_mode;
+  e.uid = st->st_uid;
+  e.gid = st->st_gid;
+  e.size = st->st_size;
+  e.nlink = st->st_nlink;
+  e.ino = st->st_ino;
+  e.mtime = st->st_mtim;
+  if (S_ISREG(st->st_mode)) {
+    EXPECT_TRUE(read_file(path, &e.data));
+  } else if (S_ISLNK(st->st_mode)) {
+    char buf[4096];
+    ssize_t n = readlink(path, buf, sizeof(buf));
+    EXPECT_GE(n, 0) << path << ": " << errno_name(errno);
+    e.data.assign(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  }
+  if (!S_ISLNK(st->st_mode)) {
+    e.xattrs = xattrs_of(path);
+  }
+  // Directory mtimes change with their contents and are not part of the comparison.
+  if (S_ISDIR(st->st_mode)) {
+    e.mtime = {};
+    e.size = 0;
+  }
+  (*g_walk_out)[std::string(path).substr(g_walk_root.size())] = std::move(e);
+  return 0;
+}
+
+std::map<std::string, Entry> snapshot(const std::string& root) {
+  std::map<std::string, Entry> out;
+  g_walk_out = &out;
+  g_walk_root = root;
+  EXPECT_EQ(nftw(root.c_str(), walk_one, 16, FTW_PHYS), 0) << root << ": " << errno_name(errno);
+  g_walk_out = nullptr;
+  return out;
+}
+
+void expect_same_tree(const std::map<std::string, Entry>& before,
+                      const std::map<std::string, Entry>& after) {
+  EXPECT_EQ(before.size(), after.size());
+  for (const auto& [path, e] : before) {
+    auto it = after.find(path);
+    if (it == after.end()) {
+      ADD_FAILURE() << path << " is missing after the restart";
+      continue;
+    }
+    if (!same(e, it->second)) {
+      ADD_FAILURE() << path << " changed across the restart:\n  before: " << describe(e)
+                    << "\n  after:  " << describe(it->second)
+                    << (e.data != it->second.data ? "\n  " + std::string(same_bytes(e.data, it->second.data).message()) : "");
+    }
+  }
+  for (const auto& [path, e] : after) {
+    if (!before.count(path)) {
+      ADD_FAILURE() << path << " appeared after the restart: " << describe(e);
+    }
+  }
+}
+
+class RestartTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* d = std::getenv("PENSTOCK_TEST_DIR");
+    if (d != nullptr && *d != '\0') {
+      GTEST_SKIP() << "restarts need a real cluster (PENSTOCK_TEST_DIR is set)";
+    }
+    umask(022);
+    cluster_ = std::make_unique<Cluster>();
+    ASSERT_TRUE(cluster_->up());
+    root_ = cluster_->mount_path();
+  }
+
+  void TearDown() override {
+    if (cluster_) {
+      if (HasFailure()) {
+        std::cerr << cluster_->log_tails(40);
+      }
+      EXPECT_TRUE(cluster_->down());
+      cluster_.reset();
+    }
+  }
+
+  std::string p(const std::string& name) const { return root_ + "/" + name; }
+
+  std::unique_ptr<Cluster> cluster_;
+  std::string root_;
+};
+
+TEST_F(RestartTest, WholeTreeSurvivesDownAndUp) {
+  ASSERT_EQ(mkdir(p("tree").c_str(), 0755), 0) << errno_name(errno);
+  ASSERT_EQ(mkdir(p("tree/small").c_str(), 0755), 0);
+  std::string layout = "chunk_size=65536 stripe_count=3";
+  ASSERT_EQ(setxattr(p("tree/small").c_str(), "user.penstock.layout", layout.data(),
+                     layout.size(), 0), 0)
+      << errno_name(errno);
+  std::map<std::string, std::string> written;
+  uint32_t seed = 100;
+  for (size_t size : {size_t{0}, size_t{1}, size_t{4096}, size_t{65537}, size_t{300000}}) {
+    std::string path = "tree/small/f" + std::to_string(size);
+    written[path] = pattern(size, 0, seed++);
+    ASSERT_TRUE(write_file(p(path), written[path]));
+  }
+  written["tree/big"] = pattern((5 << 20) + 17, 0, seed++);  // > the default 4 MiB chunk
+  ASSERT_TRUE(write_file(p("tree/big"), written["tree/big"]));
+  ASSERT_EQ(mkdir(p("tree/a").c_str(), 0700), 0);
+  ASSERT_EQ(mkdir(p("tree/a/b").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir(p("tree/a/b/c").c_str(), 0711), 0);
+  ASSERT_EQ(mkdir(p("tree/empty").c_str(), 0755), 0);
+  for (int i = 0; i < 20; ++i) {
+    std::string path = "tree/a/b/c/n" + std::to_string(i);
+    written[path] = pattern(static_cast<size_t>(i) * 1000, 0, seed++);
+    ASSERT_TRUE(write_file(p(path), written[path]));
+  }
+  ASSERT_EQ(symlink("small/f65537", p("tree/rel-link").c_str()), 0);
+  ASSERT_EQ(symlink("/absolute/dangling/target", p("tree/a/abs-link").c_str()), 0);
+  ASSERT_EQ(link(p("tree/small/f4096").c_str(), p("tree/a/hard").c_str()), 0);
+  ASSERT_EQ(mkfifo(p("tree/a/fifo").c_str(), 0640), 0);
+  ASSERT_EQ(chmod(p("tree/small/f1").c_str(), 0600), 0);
+  ASSERT_EQ(chown(p("tree/small/f0").c_str(), 4242, 4343), 0);
+  struct timespec times[2] = {{1300000000, 11}, {1400000000, 22}};
+  ASSERT_EQ(utimensat(AT_FDCWD, p("tree/big").c_str(), times, 0), 0);
+  ASSERT_EQ(setxattr(p("tree/big").c_str(), "user.origin", "restart-test", 12, 0), 0);
+  ASSERT_EQ(setxattr(p("tree/a").c_str(), "user.dir-note", "on a directory", 14, 0), 0);
+  // A file that was renamed and one that was overwritten: only the final state must return.
+  ASSERT_TRUE(write_file(p("tree/renamed-from"), "first name"));
+  ASSERT_EQ(rename(p("tree/renamed-from").c_str(), p("tree/renamed-to").c_str()), 0);
+  ASSERT_TRUE(write_file(p("tree/overwritten"), pattern(200000, 0, 1)));
+  written["tree/overwritten"] = pattern(150000, 0, 2);
+  ASSERT_TRUE(write_file(p("tree/overwritten"), written["tree/overwritten"]));
+  ASSERT_TRUE(write_file(p("tree/deleted"), "gone"));
+  ASSERT_EQ(unlink(p("tree/deleted").c_str()), 0);
+
+  for (const auto& [path, data] : written) {
+    std::string back;
+    ASSERT_TRUE(read_file(p(path), &back));
+    ASSERT_TRUE(same_bytes(data, back)) << path << " before the restart";
+  }
+  auto before = snapshot(p("tree"));
+  ASSERT_GT(before.size(), 30u);
+
+  ASSERT_TRUE(cluster_->restart());
+
+  auto after = snapshot(p("tree"));
+  expect_same_tree(before, after);
+  for (const auto& [path, data] : written) {
+    std::string back;
+    EXPECT_TRUE(read_file(p(path), &back));
+    EXPECT_TRUE(same_bytes(data, back)) << path << " after the restart";
+  }
+  struct stat st {};
+  EXPECT_NE(lstat(p("tree/deleted").c_str(), &st), 0);
+  EXPECT_NE(lstat(p("tree/renamed-from").c_str(), &st), 0);
+  // The restarted cluster takes new writes next to the old data.
+  ASSERT_TRUE(write_file(p("tree/after-restart"), pattern(70000, 0, 9)));
+  std::string back;
+  ASSERT_TRUE(read_file(p("tree/after-restart"), &back));
+  EXPECT_TRUE(same_bytes(pattern(70000, 0, 9), back));
+  // And a second restart changes nothing either.
+  auto again_before = snapshot(p("tree"));
+  ASSERT_TRUE(cluster_->restart());
+  expect_same_tree(again_before, snapshot(p("tree")));
+}
+
+bool process_gone(pid_t pid) {
+  if (kill(pid, 0) != 0) {
+    return true;
+  }
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  size_t paren = line.rfind(')');
+  return paren == std::string::npos || (paren + 2 < line.size() && line[paren + 2] == 'Z');
+}
+
+TEST_F(RestartTest, AcknowledgedMutationsSurviveKill9OfMeta) {
+  ASSERT_EQ(mkdir(p("ack").c_str(), 0755), 0) << errno_name(errno);
+  ASSERT_TRUE(write_file(p("ack/to-rename"), "renamed before the crash"));
+  const std::string file = p("ack/synced");
+  const std::string data = pattern((1 << 20) + 5, 0, 77);
+  // A child process creates, writes and fsyncs, reports, and then holds the file open (as an
+  // application would at the moment of the crash).
+  int report[2];
+  ASSERT_EQ(pipe(report), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(report[0]);
+    int fd = open(file.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0640);
+    bool ok = fd >= 0 && write_all(fd, data) && fsync(fd) == 0;
+    char c = ok ? 'y' : 'n';
+    ssize_t w = write(report[1], &c, 1);
+    (void)w;
+    for (;;) {
+      pause();
+    }
+  }
+  close(report[1]);
+  char c = 0;
+  ASSERT_EQ(read(report[0], &c, 1), 1);
+  close(report[0]);
+  // Namespace mutations are acknowledged when their system call returns.
+  bool ns_ok = mkdir(p("ack/dir-before-crash").c_str(), 0755) == 0 &&
+               rename(p("ack/to-rename").c_str(), p("ack/renamed").c_str()) == 0 &&
+               symlink("synced", p("ack/link").c_str()) == 0;
+  int ns_errno = errno;
+
+  pid_t meta = cluster_->pid_of("meta");
+  ASSERT_GT(meta, 0) << "no meta pid recorded";
+  ASSERT_EQ(kill(meta, SIGKILL), 0) << errno_name(errno);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!process_gone(meta) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(process_gone(meta)) << "meta pid " << meta << " survived SIGKILL";
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_EQ(c, 'y') << "create+write+fsync failed in the child before the crash";
+  ASSERT_TRUE(ns_ok) << "namespace mutation before the crash failed: " << errno_name(ns_errno);
+
+  ASSERT_TRUE(cluster_->restart());
+
+  struct stat st {};
+  ASSERT_EQ(stat(file.c_str(), &st), 0) << "fsync'd file lost: " << errno_name(errno);
+  EXPECT_EQ(st.st_size, static_cast<off_t>(data.size()));
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
+  std::string back;
+  ASSERT_TRUE(read_file(file, &back));
+  EXPECT_TRUE(same_bytes(data, back));
+  EXPECT_EQ(stat(p("ack/dir-before-crash").c_str(), &st), 0) << errno_name(errno);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_NE(lstat(p("ack/to-rename").c_str(), &st), 0);
+  ASSERT_TRUE(read_file(p("ack/renamed"), &back));
+  EXPECT_EQ(back, "renamed before the crash");
+  char buf[64];
+  ssize_t n = readlink(p("ack/link").c_str(), buf, sizeof(buf));
+  ASSERT_EQ(n, 6) << errno_name(errno);
+  EXPECT_EQ(std::string(buf, 6), "synced");
+}
+
+}  // namespace
+}  // namespace penstock::testing

@@ -1,0 +1,100 @@
+#include "client/lib/layout_text.h"
+
+#include <gtest/gtest.h>
+
+namespace penstock::client {
+namespace {
+
+TEST(FormatLayout, FileShowsChains) {
+  proto::Layout l;
+  l.chunk_size = 4u << 20;
+  l.stripe_count = 3;
+  l.chains = {ChainId(1), ChainId(2), ChainId(3)};
+  EXPECT_EQ(format_layout(l), "chunk_size=4194304 stripe_count=3 chains=1,2,3");
+}
+
+TEST(FormatLayout, DirectoryHasNoChains) {
+  proto::Layout l;
+  l.chunk_size = 1u << 20;
+  l.stripe_count = 0;
+  EXPECT_EQ(format_layout(l), "chunk_size=1048576 stripe_count=0");
+}
+
+TEST(ParseSize, Suffixes) {
+  EXPECT_EQ(parse_size("65536").value(), 65536u);
+  EXPECT_EQ(parse_size("64K").value(), 65536u);
+  EXPECT_EQ(parse_size("64k").value(), 65536u);
+  EXPECT_EQ(parse_size("4M").value(), 4u << 20);
+  EXPECT_EQ(parse_size("4MiB").value(), 4u << 20);
+  EXPECT_EQ(parse_size("4MB").value(), 4u << 20);
+  EXPECT_EQ(parse_size("2G").value(), 2ull << 30);
+  EXPECT_EQ(parse_size("0").value(), 0u);
+}
+
+TEST(ParseSize, Rejects) {
+  for (const char* bad : {"", "M", "4T", "4Mx", "-4", "4 M", "99999999999999999999", "17179869184G"}) {
+    auto r = parse_size(bad);
+    ASSERT_FALSE(r.has_value()) << bad;
+    EXPECT_EQ(r.error().code(), Code::kInvalid) << bad;
+  }
+}
+
+TEST(ParseLayoutSpec, BothKeysAnyOrder) {
+  auto r = parse_layout_spec("  stripe_count=2   chunk_size=1M ");
+  ASSERT_TRUE(r.has_value()) << r.error().to_string();
+  EXPECT_EQ(r->chunk_size, 1u << 20);
+  EXPECT_EQ(r->stripe_count, 2u);
+}
+
+TEST(ParseLayoutSpec, EitherKeyOptional) {
+  auto a = parse_layout_spec("chunk_size=65536");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->chunk_size, 65536u);
+  EXPECT_FALSE(a->stripe_count.has_value());
+  auto b = parse_layout_spec("stripe_count=0");
+  ASSERT_TRUE(b.has_value());
+  EXPECT_FALSE(b->chunk_size.has_value());
+  EXPECT_EQ(b->stripe_count, 0u);
+}
+
+TEST(ParseLayoutSpec, FormatOutputOfADirectoryParsesBack) {
+  proto::Layout l;
+  l.chunk_size = 8u << 20;
+  l.stripe_count = 4;
+  auto r = parse_layout_spec(format_layout(l));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->chunk_size, 8u << 20);
+  EXPECT_EQ(r->stripe_count, 4u);
+}
+
+TEST(ParseLayoutSpec, RejectsBadInput) {
+  const char* bad[] = {
+      "",                                  // nothing to set
+      "   ",                               // nothing to set
+      "chunk_size",                        // no '='
+      "chunk_size=",                       // no value
+      "chunk_size=3M",                     // not a power of two
+      "chunk_size=32K",                    // below 64 KiB
+      "chunk_size=128M",                   // above 64 MiB
+      "chunk_size=8G",                     // above 32 bits
+      "stripe_count=-1",                   // not a whole number
+      "stripe_count=two",                  // not a number
+      "stripe_count=",                     // no value
+      "stripe_count=99999999999",          // too large
+      "chunk_size=1M chunk_size=2M",       // repeated
+      "stripe_count=1 stripe_count=2",     // repeated
+      "chains=1,2,3",                      // chosen at create time
+      "chunk_size=1M chains=1",            // chosen at create time
+      "seed=3",                            // unknown key
+      "CHUNK_SIZE=1M",                     // keys are case-sensitive
+  };
+  for (const char* text : bad) {
+    auto r = parse_layout_spec(text);
+    ASSERT_FALSE(r.has_value()) << "'" << text << "' parsed";
+    EXPECT_EQ(r.error().code(), Code::kInvalid) << text;
+    EXPECT_FALSE(r.error().message().empty()) << text;
+  }
+}
+
+}  // namespace
+}  // namespace penstock::client

@@ -1,0 +1,97 @@
+#include "server/data/chunk_service.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/unit/data/test_util.h"
+
+namespace penstock::data {
+namespace {
+
+using testing::pattern;
+using testing::TempDir;
+namespace pd = proto::data;
+
+class ChunkServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto t = Target::open(dir_.path());
+    ASSERT_TRUE(t.has_value()) << t.status().to_string();
+    store_ = std::make_shared<ChunkStore>(std::shared_ptr<Target>(std::move(*t)));
+  }
+  void serve() { service_.set_served({{TargetId(7), store_}}); }
+  pd::ChunkKey key(uint32_t chunk_size = 1u << 20) {
+    return pd::ChunkKey{ChainId(1), TargetId(7), InodeId(55), 0, chunk_size};
+  }
+
+  TempDir dir_;
+  std::shared_ptr<ChunkStore> store_;
+  ChunkService service_;
+};
+
+TEST_F(ChunkServiceTest, RefusesEverythingUntilTargetsAreServed) {
+  auto d = pattern(10, 1);
+  auto w = service_.write(pd::WriteReq{key(), 0}, d);
+  ASSERT_FALSE(w.has_value());
+  EXPECT_EQ(w.status().code(), Code::kNotFound);
+  EXPECT_EQ(w.status().message(), "target 7 is not served here");
+  EXPECT_EQ(service_.sync(pd::SyncReq{TargetId(7), InodeId(55)}, {}).code(), Code::kNotFound);
+  serve();
+  EXPECT_TRUE(service_.write(pd::WriteReq{key(), 0}, d).has_value());
+  auto other = key();
+  other.target = TargetId(8);
+  std::vector<uint8_t> out;
+  auto r = service_.read(pd::ReadReq{other, 0, 10}, {}, &out);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.status().message(), "target 8 is not served here");
+  EXPECT_EQ(service_.remove(pd::RemoveReq{TargetId(9), InodeId(55)}, {}).code(), Code::kNotFound);
+  EXPECT_EQ(service_.truncate(pd::TruncateReq{TargetId(9), InodeId(55), 0, 1u << 20}, {}).code(), Code::kNotFound);
+}
+
+TEST_F(ChunkServiceTest, RoundTripFillsBulkOutExactly) {
+  serve();
+  auto d = pattern(5000, 2);
+  auto w = service_.write(pd::WriteReq{key(), 100}, d);
+  ASSERT_TRUE(w.has_value()) << w.status().to_string();
+  EXPECT_EQ(w->chunk_length, 5100u);
+  std::vector<uint8_t> out;
+  auto r = service_.read(pd::ReadReq{key(), 100, 10000}, {}, &out);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->length, 5000u);
+  EXPECT_EQ(out, d);
+  ASSERT_TRUE(service_.sync(pd::SyncReq{TargetId(7), InodeId(55)}, {}).is_ok());
+  ASSERT_TRUE(service_.truncate(pd::TruncateReq{TargetId(7), InodeId(55), 1000, 1u << 20}, {}).is_ok());
+  r = service_.read(pd::ReadReq{key(), 0, 10000}, {}, &out);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->length, 1000u);
+  EXPECT_EQ(out.size(), 1000u);
+  ASSERT_TRUE(service_.remove(pd::RemoveReq{TargetId(7), InodeId(55)}, {}).is_ok());
+  r = service_.read(pd::ReadReq{key(), 0, 10000}, {}, &out);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->length, 0u);
+  EXPECT_TRUE(out.empty());
+}
+
+TEST_F(ChunkServiceTest, ValidatesRequests) {
+  serve();
+  auto d = pattern(10, 3);
+  std::vector<uint8_t> out;
+  EXPECT_EQ(service_.write(pd::WriteReq{key(), 0}, {}).status().code(), Code::kInvalid);  // no bytes
+  EXPECT_EQ(service_.write(pd::WriteReq{key(1000), 0}, d).status().code(), Code::kInvalid);
+  EXPECT_EQ(service_.write(pd::WriteReq{key(), (1u << 20) - 5}, d).status().code(), Code::kInvalid);
+  auto no_ino = key();
+  no_ino.ino = InodeId(0);
+  EXPECT_EQ(service_.write(pd::WriteReq{no_ino, 0}, d).status().code(), Code::kInvalid);
+  EXPECT_EQ(service_.read(pd::ReadReq{key(), 0, 10}, d, &out).status().code(), Code::kInvalid);  // bulk on read
+  EXPECT_EQ(service_.read(pd::ReadReq{key(), 1u << 20, 1}, {}, &out).status().code(), Code::kInvalid);
+  EXPECT_EQ(service_.read(pd::ReadReq{key(3u << 20), 0, 1}, {}, &out).status().code(), Code::kInvalid);
+  // Huge offset + length must not wrap around.
+  EXPECT_EQ(service_.read(pd::ReadReq{key(), 0xffffffffu, 0xffffffffu}, {}, &out).status().code(), Code::kInvalid);
+  EXPECT_EQ(service_.truncate(pd::TruncateReq{TargetId(7), InodeId(55), 0, 1u << 20}, d).code(), Code::kInvalid);
+  EXPECT_EQ(service_.truncate(pd::TruncateReq{TargetId(7), InodeId(55), 0, 100}, {}).code(), Code::kInvalid);
+  EXPECT_EQ(service_.remove(pd::RemoveReq{TargetId(7), InodeId(55)}, d).code(), Code::kInvalid);
+  EXPECT_EQ(service_.sync(pd::SyncReq{TargetId(7), InodeId(55)}, d).code(), Code::kInvalid);
+  EXPECT_EQ(service_.sync(pd::SyncReq{TargetId(7), InodeId(0)}, {}).code(), Code::kInvalid);
+}
+
+}  // namespace
+}  // namespace penstock::data

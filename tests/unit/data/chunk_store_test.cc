@@ -1,0 +1,441 @@
+#include "server/data/chunk_store.h"
+
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "server/data/chunk_format.h"
+#include "server/data/uring_io.h"
+#include "tests/unit/data/test_util.h"
+
+namespace penstock::data {
+namespace {
+
+using testing::flip_byte;
+using testing::pattern;
+using testing::poke;
+using testing::TempDir;
+
+constexpr uint32_t kChunk4M = 4u << 20;
+constexpr uint32_t kChunk64K = 64u << 10;
+const InodeId kIno(1000);
+
+// Every test runs on io_uring (false) and on the POSIX fallback (true).
+class ChunkStoreTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    force_posix_io_for_test(GetParam());
+    open_store();
+  }
+  void TearDown() override {
+    store_.reset();
+    force_posix_io_for_test(false);
+  }
+  void open_store() {
+    store_.reset();
+    auto t = Target::open(dir_.path());
+    ASSERT_TRUE(t.has_value()) << t.status().to_string();
+    store_ = std::make_unique<ChunkStore>(std::shared_ptr<Target>(std::move(*t)));
+  }
+
+  uint64_t write(uint64_t index, uint32_t offset, const std::vector<uint8_t>& data, uint32_t chunk = kChunk4M,
+                 InodeId ino = kIno) {
+    auto r = store_->write(ino, index, chunk, offset, data);
+    EXPECT_TRUE(r.has_value()) << r.status().to_string();
+    return r.has_value() ? *r : 0;
+  }
+  std::vector<uint8_t> read(uint64_t index, uint32_t offset, uint32_t length, uint32_t chunk = kChunk4M,
+                            InodeId ino = kIno) {
+    std::vector<uint8_t> out(length);
+    auto r = store_->read(ino, index, chunk, offset, out);
+    EXPECT_TRUE(r.has_value()) << r.status().to_string();
+    out.resize(r.has_value() ? *r : 0);
+    return out;
+  }
+  Code read_code(uint64_t index, uint32_t offset, uint32_t length, uint32_t chunk = kChunk4M) {
+    std::vector<uint8_t> out(length);
+    return store_->read(kIno, index, chunk, offset, out).status().code();
+  }
+  std::string path(uint64_t index, InodeId ino = kIno) { return store_->target().chunk_path(ino, index); }
+  uint64_t data_offset(uint32_t chunk = kChunk4M) { return make_chunk_header(0, 0, chunk).data_offset; }
+
+  TempDir dir_;
+  std::unique_ptr<ChunkStore> store_;
+};
+
+TEST_P(ChunkStoreTest, OneByteAtOddOffset) {
+  auto b = pattern(1, 1);
+  EXPECT_EQ(write(0, 12345, b), 12346u);
+  EXPECT_EQ(read(0, 12345, 1), b);
+  EXPECT_EQ(read(0, 0, 12345), std::vector<uint8_t>(12345, 0));
+}
+
+TEST_P(ChunkStoreTest, SpanAcrossBlockBoundaries) {
+  auto d = pattern(4097, 2);
+  EXPECT_EQ(write(3, 4095, d), 4095u + 4097u);
+  EXPECT_EQ(read(3, 4095, 4097), d);
+  // Overwrite inside: the neighbours within the partial blocks stay.
+  auto mid = pattern(3, 3);
+  write(3, 4096, mid);
+  auto expect = d;
+  std::copy(mid.begin(), mid.end(), expect.begin() + 1);
+  EXPECT_EQ(read(3, 4095, 4097), expect);
+  // Sub-ranges starting and ending mid-block.
+  EXPECT_EQ(read(3, 4100, 10), std::vector<uint8_t>(expect.begin() + 5, expect.begin() + 15));
+}
+
+TEST_P(ChunkStoreTest, WholeChunk) {
+  auto d = pattern(kChunk4M, 4);
+  EXPECT_EQ(write(0, 0, d), kChunk4M);
+  EXPECT_EQ(read(0, 0, kChunk4M), d);
+  auto len = store_->chunk_length(kIno, 0);
+  ASSERT_TRUE(len.has_value());
+  EXPECT_EQ(*len, kChunk4M);
+}
+
+TEST_P(ChunkStoreTest, HoleReadsAsZeros) {
+  auto d = pattern(100000, 5);
+  EXPECT_EQ(write(0, 3u << 20, d), (3u << 20) + 100000u);
+  EXPECT_EQ(read(0, 0, 3u << 20), std::vector<uint8_t>(3u << 20, 0));
+  EXPECT_EQ(read(0, 3u << 20, 100000), d);
+}
+
+TEST_P(ChunkStoreTest, ExtendingPastAPartialLastBlockZeroFillsTheGap) {
+  auto a = pattern(5000, 6), b = pattern(10, 7);
+  write(0, 0, a);
+  EXPECT_EQ(write(0, 20000, b), 20010u);
+  auto all = read(0, 0, 20010);
+  ASSERT_EQ(all.size(), 20010u);
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), all.begin()));
+  EXPECT_TRUE(std::all_of(all.begin() + 5000, all.begin() + 20000, [](uint8_t x) { return x == 0; }));
+  EXPECT_TRUE(std::equal(b.begin(), b.end(), all.begin() + 20000));
+}
+
+TEST_P(ChunkStoreTest, ShortReadAtChunkEnd) {
+  write(0, 0, pattern(10000, 8));
+  EXPECT_EQ(read(0, 9000, 5000).size(), 1000u);
+  EXPECT_EQ(read(0, 10000, 100).size(), 0u);
+  EXPECT_EQ(read(0, 20000, 100).size(), 0u);
+}
+
+TEST_P(ChunkStoreTest, MissingChunkReadsNothing) {
+  EXPECT_EQ(read(9, 0, 4096).size(), 0u);
+  EXPECT_EQ(read(9, 0, 4096, kChunk4M, InodeId(424242)).size(), 0u);
+  EXPECT_EQ(store_->chunk_length(kIno, 9).status().code(), Code::kNotFound);
+}
+
+TEST_P(ChunkStoreTest, RandomWritesMatchAModel) {
+  std::mt19937 rng(1234);
+  std::vector<uint8_t> model;
+  for (int i = 0; i < 300; ++i) {
+    uint32_t len = 1 + rng() % 9000;
+    uint32_t off = rng() % (kChunk64K * 2 - len);
+    auto d = pattern(len, 100 + i);
+    if (model.size() < off + len) model.resize(off + len, 0);
+    std::copy(d.begin(), d.end(), model.begin() + off);
+    ASSERT_EQ(write(0, off, d, kChunk64K * 2), model.size());
+    if (i % 7 == 0) {
+      ASSERT_EQ(read(0, 0, kChunk64K * 2, kChunk64K * 2), model) << "after write " << i;
+    }
+  }
+  EXPECT_EQ(read(0, 0, kChunk64K * 2, kChunk64K * 2), model);
+}
+
+TEST_P(ChunkStoreTest, FlippedDataByteIsCorruptOnReadAndPartialWrite) {
+  auto d = pattern(3 * 4096, 9);
+  write(0, 0, d);
+  flip_byte(path(0), data_offset() + 4096 + 17);  // block 1
+  EXPECT_EQ(read_code(0, 4096 + 100, 10), Code::kCorrupt);
+  EXPECT_EQ(read_code(0, 0, 3 * 4096), Code::kCorrupt);
+  // Blocks 0 and 2 are intact and still served.
+  EXPECT_EQ(read(0, 0, 4096), std::vector<uint8_t>(d.begin(), d.begin() + 4096));
+  EXPECT_EQ(read(0, 8192, 4096), std::vector<uint8_t>(d.begin() + 8192, d.end()));
+  // A partial write into the bad block must not bless it with a fresh checksum.
+  std::vector<uint8_t> patch = pattern(10, 10);
+  EXPECT_EQ(store_->write(kIno, 0, kChunk4M, 4096 + 50, patch).status().code(), Code::kCorrupt);
+  EXPECT_EQ(read_code(0, 4096, 4096), Code::kCorrupt);
+  // Overwriting the whole block replaces it (nothing of the old contents survives).
+  auto fresh = pattern(4096, 11);
+  write(0, 4096, fresh);
+  EXPECT_EQ(read(0, 4096, 4096), fresh);
+}
+
+TEST_P(ChunkStoreTest, FlippedByteInTheLastPartialBlockIsCorrupt) {
+  write(0, 0, pattern(5000, 12));
+  flip_byte(path(0), data_offset() + 4999);
+  EXPECT_EQ(read_code(0, 4096, 904), Code::kCorrupt);
+  // Extending re-checksums the old last block: it must be verified first.
+  EXPECT_EQ(store_->write(kIno, 0, kChunk4M, 9000, pattern(5, 13)).status().code(), Code::kCorrupt);
+}
+
+TEST_P(ChunkStoreTest, CorruptChecksumTableIsCorrupt) {
+  write(0, 0, pattern(8192, 14));
+  flip_byte(path(0), kChunkHeaderSize + 1 * kTableEntrySize + 3);  // block 1, current checksum
+  EXPECT_EQ(read_code(0, 4096, 1), Code::kCorrupt);
+  EXPECT_EQ(read(0, 0, 4096).size(), 4096u);
+}
+
+TEST_P(ChunkStoreTest, CorruptHeaderIsCorrupt) {
+  write(0, 0, pattern(100, 15));
+  flip_byte(path(0), 20);
+  EXPECT_EQ(read_code(0, 0, 100), Code::kCorrupt);
+  EXPECT_EQ(store_->write(kIno, 0, kChunk4M, 0, pattern(10, 16)).status().code(), Code::kCorrupt);
+}
+
+TEST_P(ChunkStoreTest, CrashBetweenTableAndDataLeavesOldBytesReadable) {
+  // After an update the table holds the new checksum and the old one; if the process died before
+  // the data write landed, the old bytes are on disk and must still verify.
+  auto v1 = pattern(4096, 17), v2 = pattern(4096, 18), v3 = pattern(4096, 19);
+  write(0, 0, v1);
+  write(0, 0, v2);
+  poke(path(0), data_offset(), v1);
+  EXPECT_EQ(read(0, 0, 4096), v1);
+  poke(path(0), data_offset(), v3);  // neither old nor new: corrupt
+  EXPECT_EQ(read_code(0, 0, 4096), Code::kCorrupt);
+}
+
+TEST_P(ChunkStoreTest, ChunkFileWithoutHeaderCountsAsMissing) {
+  // A crash after create but before the header reached the disk leaves an empty file.
+  std::filesystem::create_directories(store_->target().inode_dir(kIno));
+  { std::FILE* f = std::fopen(path(4).c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }
+  EXPECT_EQ(read(4, 0, 10).size(), 0u);
+  auto d = pattern(10, 20);
+  write(4, 0, d);
+  EXPECT_EQ(read(4, 0, 10), d);
+}
+
+TEST_P(ChunkStoreTest, TruncateAcrossBlocksAndChunks) {
+  const uint32_t cs = kChunk64K;
+  std::vector<uint8_t> file = pattern(3 * cs + 100, 21);
+  for (uint64_t k = 0; k < 4; ++k) {
+    uint64_t start = k * cs;
+    uint64_t n = std::min<uint64_t>(cs, file.size() - start);
+    write(k, 0, std::vector<uint8_t>(file.begin() + start, file.begin() + start + n), cs);
+  }
+  // Down to the middle of chunk 1, mid-block.
+  ASSERT_TRUE(store_->truncate(kIno, cs + 5000, cs).is_ok());
+  EXPECT_EQ(read(0, 0, cs, cs), std::vector<uint8_t>(file.begin(), file.begin() + cs));
+  EXPECT_EQ(read(1, 0, cs, cs), std::vector<uint8_t>(file.begin() + cs, file.begin() + cs + 5000));
+  EXPECT_FALSE(std::filesystem::exists(path(2)));
+  EXPECT_FALSE(std::filesystem::exists(path(3)));
+  // Up again: nothing grows, and cut bytes never come back, even after writing past them.
+  ASSERT_TRUE(store_->truncate(kIno, 3 * cs, cs).is_ok());
+  EXPECT_EQ(read(1, 0, cs, cs).size(), 5000u);
+  auto tail = pattern(10, 22);
+  EXPECT_EQ(write(1, 20000, tail, cs), 20010u);
+  auto got = read(1, 0, 20010, cs);
+  EXPECT_TRUE(std::equal(file.begin() + cs, file.begin() + cs + 5000, got.begin()));
+  EXPECT_TRUE(std::all_of(got.begin() + 5000, got.begin() + 20000, [](uint8_t x) { return x == 0; }));
+  // To a block boundary.
+  ASSERT_TRUE(store_->truncate(kIno, cs + 8192, cs).is_ok());
+  EXPECT_EQ(read(1, 0, cs, cs).size(), 8192u);
+  // To a chunk boundary: chunk 1 goes, chunk 0 stays whole.
+  ASSERT_TRUE(store_->truncate(kIno, cs, cs).is_ok());
+  EXPECT_FALSE(std::filesystem::exists(path(1)));
+  EXPECT_EQ(read(0, 0, cs, cs).size(), cs);
+  // To zero: nothing left.
+  ASSERT_TRUE(store_->truncate(kIno, 0, cs).is_ok());
+  EXPECT_FALSE(std::filesystem::exists(path(0)));
+}
+
+TEST_P(ChunkStoreTest, TruncateVerifiesTheBlockItCuts) {
+  write(0, 0, pattern(10000, 23));
+  flip_byte(path(0), data_offset() + 4096 + 1);
+  EXPECT_EQ(store_->truncate(kIno, 6000, kChunk4M).code(), Code::kCorrupt);
+  auto len = store_->chunk_length(kIno, 0);
+  ASSERT_TRUE(len.has_value());
+  EXPECT_EQ(*len, 10000u);
+}
+
+TEST_P(ChunkStoreTest, RemoveIsIdempotent) {
+  write(0, 0, pattern(100, 24));
+  write(5, 0, pattern(100, 25));
+  write(0, 0, pattern(100, 26), kChunk4M, InodeId(kIno.value + 256));  // same bucket
+  ASSERT_TRUE(store_->remove(kIno).is_ok());
+  EXPECT_FALSE(std::filesystem::exists(store_->target().inode_dir(kIno)));
+  EXPECT_EQ(read(0, 0, 100).size(), 0u);
+  EXPECT_EQ(read(0, 0, 100, kChunk4M, InodeId(kIno.value + 256)).size(), 100u);
+  EXPECT_TRUE(store_->remove(kIno).is_ok());
+  EXPECT_TRUE(store_->remove(InodeId(999999)).is_ok());
+}
+
+TEST_P(ChunkStoreTest, SyncFlushesAndToleratesMissingInode) {
+  write(0, 0, pattern(100, 27));
+  write(1, 0, pattern(100, 28));
+  EXPECT_TRUE(store_->sync(kIno).is_ok());
+  EXPECT_TRUE(store_->sync(InodeId(31337)).is_ok());
+}
+
+TEST_P(ChunkStoreTest, RequestValidation) {
+  auto d = pattern(10, 29);
+  std::vector<uint8_t> out(10);
+  EXPECT_EQ(store_->write(kIno, 0, 1000, 0, d).status().code(), Code::kInvalid);           // not a power of 2
+  EXPECT_EQ(store_->write(kIno, 0, 3u << 20, 0, d).status().code(), Code::kInvalid);       // not a power of 2
+  EXPECT_EQ(store_->write(kIno, 0, 128u << 20, 0, d).status().code(), Code::kInvalid);     // too large
+  EXPECT_EQ(store_->write(kIno, 0, kChunk64K, kChunk64K - 5, d).status().code(), Code::kInvalid);
+  EXPECT_EQ(store_->write(kIno, 0, kChunk64K, 0, {}).status().code(), Code::kInvalid);
+  EXPECT_EQ(store_->write(InodeId(0), 0, kChunk64K, 0, d).status().code(), Code::kInvalid);
+  EXPECT_EQ(store_->read(kIno, 0, kChunk64K, kChunk64K - 5, out).status().code(), Code::kInvalid);
+  EXPECT_EQ(store_->read(kIno, 0, 12345, 0, out).status().code(), Code::kInvalid);
+  EXPECT_EQ(store_->truncate(kIno, 0, 7).code(), Code::kInvalid);
+  // A chunk keeps the chunk size it was created with.
+  write(0, 0, d, kChunk64K);
+  auto other = store_->write(kIno, 0, kChunk4M, 0, d);
+  EXPECT_EQ(other.status().code(), Code::kInvalid);
+  EXPECT_NE(other.status().message().find("created with chunk size 65536"), std::string::npos);
+  EXPECT_EQ(store_->read(kIno, 0, kChunk4M, 0, out).status().code(), Code::kInvalid);
+}
+
+TEST_P(ChunkStoreTest, ConcurrentWritersToDistinctChunks) {
+  constexpr int kThreads = 8;
+  std::vector<std::vector<uint8_t>> models(kThreads);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      for (int i = 0; i < 40; ++i) {
+        uint32_t len = 1 + rng() % 10000;
+        uint32_t off = rng() % (kChunk64K - len);
+        auto d = pattern(len, t * 1000 + i);
+        if (models[t].size() < off + len) models[t].resize(off + len, 0);
+        std::copy(d.begin(), d.end(), models[t].begin() + off);
+        if (!store_->write(kIno, t, kChunk64K, off, d).has_value()) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(read(t, 0, kChunk64K, kChunk64K), models[t]) << "chunk " << t;
+}
+
+TEST_P(ChunkStoreTest, ConcurrentWritersToOneChunkNeverTearChecksums) {
+  // Neighbouring ranges share blocks, so an interleaved read-modify-write would lose bytes or
+  // leave a block whose checksum no longer matches.
+  constexpr int kThreads = 8;
+  constexpr uint32_t kSpan = 5000;
+  constexpr int kRounds = 30;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  std::atomic<bool> writers_done{false};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < kRounds; ++r) {
+        auto d = pattern(kSpan, t * 100 + r);
+        if (!store_->write(kIno, 0, kChunk64K, t * kSpan, d).has_value()) ++failures;
+      }
+    });
+  }
+  std::thread reader([&] {
+    std::vector<uint8_t> out(kThreads * kSpan);
+    while (!writers_done.load()) {
+      auto r = store_->read(kIno, 0, kChunk64K, 0, out);
+      if (!r.has_value()) ++failures;
+    }
+  });
+  for (auto& th : threads) th.join();
+  writers_done = true;
+  reader.join();
+  EXPECT_EQ(failures.load(), 0);
+  auto all = read(0, 0, kThreads * kSpan, kChunk64K);
+  ASSERT_EQ(all.size(), kThreads * kSpan);
+  for (int t = 0; t < kThreads; ++t) {
+    auto want = pattern(kSpan, t * 100 + kRounds - 1);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin() + t * kSpan)) << "range " << t;
+  }
+}
+
+TEST_P(ChunkStoreTest, ReopenKeepsDataAndUuid) {
+  auto d = pattern(70000, 30);
+  write(2, 1234, d);
+  std::string uuid = store_->target().uuid();
+  open_store();
+  EXPECT_EQ(store_->target().uuid(), uuid);
+  EXPECT_EQ(read(2, 1234, 70000), d);
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, ChunkStoreTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? std::string("Posix") : std::string("IoUring"); });
+
+// Disk full: a small tmpfs is filled until writes fail; the failing write and every later one must
+// leave existing chunk bytes as they were. Needs root for mount(2).
+class ChunkStoreNoSpace : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs to fill needs root; run as root to cover ENOSPC";
+    mnt_ = tmp_.path() + "/mnt";
+    std::filesystem::create_directories(mnt_);
+    if (::mount("tmpfs", mnt_.c_str(), "tmpfs", 0, "size=2m") != 0) {
+      int err = errno;
+      mnt_.clear();
+      GTEST_SKIP() << "cannot mount tmpfs (" << std::strerror(err) << "); ENOSPC path not covered here";
+    }
+    mounted_ = true;
+    auto t = Target::open(mnt_);
+    ASSERT_TRUE(t.has_value()) << t.status().to_string();
+    store_ = std::make_unique<ChunkStore>(std::shared_ptr<Target>(std::move(*t)));
+  }
+  void TearDown() override {
+    store_.reset();
+    if (mounted_ && ::umount2(mnt_.c_str(), 0) != 0) {
+      ADD_FAILURE() << "umount " << mnt_ << ": " << std::strerror(errno) << "; detaching";
+      ::umount2(mnt_.c_str(), MNT_DETACH);
+    }
+  }
+  TempDir tmp_;
+  std::string mnt_;
+  bool mounted_ = false;
+  std::unique_ptr<ChunkStore> store_;
+};
+
+TEST_F(ChunkStoreNoSpace, FullDiskLeavesExistingBytesUnchanged) {
+  const uint32_t cs = 1u << 20;
+  const InodeId keep(1), filler(2);
+  auto original = pattern(100000, 31);
+  ASSERT_TRUE(store_->write(keep, 0, cs, 0, original).has_value());
+  bool full = false;
+  for (uint64_t i = 0; i < 200 && !full; ++i) {
+    auto r = store_->write(filler, i, cs, 0, pattern(256u << 10, 32));
+    if (!r.has_value()) {
+      ASSERT_EQ(r.status().code(), Code::kNoSpace) << r.status().to_string();
+      full = true;
+    }
+  }
+  ASSERT_TRUE(full) << "a 2 MiB tmpfs never filled up";
+  // Extending the kept chunk and creating a new one both fail cleanly.
+  auto grow = store_->write(keep, 0, cs, 100000, pattern(800000, 33));
+  ASSERT_FALSE(grow.has_value());
+  EXPECT_EQ(grow.status().code(), Code::kNoSpace);
+  std::vector<uint8_t> out(cs);
+  auto n = store_->read(keep, 0, cs, 0, out);
+  ASSERT_TRUE(n.has_value()) << n.status().to_string();
+  ASSERT_EQ(*n, original.size());
+  out.resize(*n);
+  EXPECT_EQ(out, original);
+  // Overwriting bytes that already have space still works on a full disk.
+  auto patch = pattern(5000, 34);
+  auto over = store_->write(keep, 0, cs, 3000, patch);
+  ASSERT_TRUE(over.has_value()) << over.status().to_string();
+  EXPECT_EQ(*over, original.size());
+  std::copy(patch.begin(), patch.end(), original.begin() + 3000);
+  out.assign(cs, 0);
+  n = store_->read(keep, 0, cs, 0, out);
+  ASSERT_TRUE(n.has_value());
+  out.resize(*n);
+  EXPECT_EQ(out, original);
+  // Freeing space makes writes work again.
+  ASSERT_TRUE(store_->remove(filler).is_ok());
+  EXPECT_TRUE(store_->write(keep, 0, cs, 100000, pattern(800000, 33)).has_value());
+}
+
+}  // namespace
+}  // namespace penstock::data

@@ -1,0 +1,943 @@
+#include "server/meta/namespace.h"
+
+#include <sys/stat.h>
+
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "tests/unit/meta/test_env.h"
+
+namespace penstock::meta {
+namespace {
+
+using testing::MemoryBackend;
+using testing::RocksBackend;
+
+constexpr int64_t kStart = 1'700'000'000'000'000'000;
+
+// The namespace suite, run over every Store implementation.
+template <class B>
+class NamespaceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = backend_.open();
+    ASSERT_NE(store_, nullptr);
+    reopen();
+    add_node("node-a", "127.0.0.1:7700", {"t1", "t2"});
+    add_node("node-b", "127.0.0.1:7701", {"t3", "t4"});
+  }
+
+  void reopen() {
+    svc_.reset();
+    MetaOptions o;
+    o.now = [this] { return now_; };
+    o.seed = 42;
+    o.inode_batch = 16;
+    o.session_lease_ns = 30'000'000'000;
+    o.node_timeout_ns = 10'000'000'000;
+    auto s = MetaService::open(store_.get(), o);
+    ASSERT_TRUE(s.has_value()) << s.error().to_string();
+    svc_ = std::move(s).value();
+  }
+
+  pm::RegisterNodeResp add_node(const std::string& uuid, const std::string& addr, std::vector<std::string> targets) {
+    pm::RegisterNodeReq req;
+    req.node_uuid = uuid;
+    req.address = addr;
+    for (auto& t : targets) req.targets.push_back(pm::TargetReport{t, "/data/" + t, 1000, 400});
+    auto r = svc_->register_node(req);
+    EXPECT_TRUE(r.has_value()) << r.error().to_string();
+    return r.has_value() ? *r : pm::RegisterNodeResp{};
+  }
+
+  Result<pm::AttrResp> create(InodeId parent, const std::string& name, SessionId session = SessionId()) {
+    pm::CreateReq req;
+    req.parent = parent;
+    req.name = name;
+    req.mode = 0644;
+    req.caller = proto::Caller{1000, 100};
+    req.session = session;
+    return svc_->create(req);
+  }
+  InodeId must_create(InodeId parent, const std::string& name, SessionId session = SessionId()) {
+    auto r = create(parent, name, session);
+    EXPECT_TRUE(r.has_value()) << r.error().to_string();
+    return r.has_value() ? r->attr.ino : InodeId();
+  }
+  Result<pm::AttrResp> mkdir(InodeId parent, const std::string& name) {
+    return svc_->mkdir(pm::MkdirReq{parent, name, 0755, proto::Caller{1000, 100}});
+  }
+  InodeId must_mkdir(InodeId parent, const std::string& name) {
+    auto r = mkdir(parent, name);
+    EXPECT_TRUE(r.has_value()) << r.error().to_string();
+    return r.has_value() ? r->attr.ino : InodeId();
+  }
+  proto::InodeAttr attr(InodeId ino) {
+    auto r = svc_->get_attr(pm::InodeReq{ino});
+    EXPECT_TRUE(r.has_value()) << r.error().to_string();
+    return r.has_value() ? r->attr : proto::InodeAttr{};
+  }
+  Result<pm::AttrResp> lookup(InodeId parent, const std::string& name) {
+    return svc_->lookup(pm::LookupReq{parent, name});
+  }
+  Status unlink(InodeId parent, const std::string& name) { return svc_->unlink(pm::NameReq{parent, name}); }
+  Status rmdir(InodeId parent, const std::string& name) { return svc_->rmdir(pm::NameReq{parent, name}); }
+  Status rename(InodeId p, const std::string& n, InodeId np, const std::string& nn, uint32_t flags = 0) {
+    return svc_->rename(pm::RenameReq{p, n, np, nn, flags});
+  }
+  std::vector<std::string> names(InodeId dir) {
+    std::vector<std::string> out;
+    pm::ReadDirReq req{dir, "", 0, false};
+    for (;;) {
+      auto r = svc_->read_dir(req);
+      EXPECT_TRUE(r.has_value()) << r.error().to_string();
+      if (!r.has_value()) return out;
+      for (auto& e : r->entries) out.push_back(e.name);
+      if (r->eof || r->entries.empty()) return out;
+      req.after = r->entries.back().name;
+    }
+  }
+  SessionId new_session() {
+    auto r = svc_->register_session(pm::RegisterSessionReq{"test", "host"});
+    EXPECT_TRUE(r.has_value());
+    return r.has_value() ? r->session : SessionId();
+  }
+
+  B backend_;
+  std::shared_ptr<Store> store_;
+  std::unique_ptr<MetaService> svc_;
+  int64_t now_ = kStart;
+};
+
+using Backends = ::testing::Types<MemoryBackend, RocksBackend>;
+TYPED_TEST_SUITE(NamespaceTest, Backends);
+
+TYPED_TEST(NamespaceTest, RootDirectoryExists) {
+  auto a = this->attr(kRootInode);
+  EXPECT_EQ(a.ino, kRootInode);
+  EXPECT_EQ(a.mode, static_cast<uint32_t>(S_IFDIR | 0755));
+  EXPECT_EQ(a.nlink, 2u);
+  EXPECT_EQ(a.uid, 0u);
+  EXPECT_EQ(a.layout.chunk_size, 4u << 20);
+  EXPECT_EQ(a.layout.stripe_count, 0u);
+  EXPECT_TRUE(a.layout.chains.empty());
+}
+
+TYPED_TEST(NamespaceTest, CreateThenLookupAndGetAttr) {
+  this->now_ += 5;
+  auto r = this->create(kRootInode, "f");
+  ASSERT_TRUE(r.has_value()) << r.error().to_string();
+  const auto& a = r->attr;
+  EXPECT_GT(a.ino.value, kRootInode.value);
+  EXPECT_EQ(a.mode, static_cast<uint32_t>(S_IFREG | 0644));
+  EXPECT_EQ(a.nlink, 1u);
+  EXPECT_EQ(a.uid, 1000u);
+  EXPECT_EQ(a.gid, 100u);
+  EXPECT_EQ(a.size, 0u);
+  EXPECT_EQ(a.mtime_ns, this->now_);
+  EXPECT_EQ(a.ctime_ns, this->now_);
+  EXPECT_EQ(a.atime_ns, this->now_);
+  EXPECT_EQ(a.layout.chunk_size, 4u << 20);
+  EXPECT_EQ(a.layout.stripe_count, 4u);
+  EXPECT_EQ(a.layout.chains.size(), 4u);
+  EXPECT_LT(a.layout.seed, 4u);
+  auto l = this->lookup(kRootInode, "f");
+  ASSERT_TRUE(l.has_value());
+  EXPECT_EQ(l->attr.ino, a.ino);
+  EXPECT_EQ(this->attr(a.ino).mode, a.mode);
+  EXPECT_EQ(this->attr(kRootInode).mtime_ns, this->now_);
+  EXPECT_CODE(this->create(kRootInode, "f"), Code::kExists);
+  EXPECT_CODE(this->mkdir(kRootInode, "f"), Code::kExists);
+  EXPECT_CODE(this->lookup(kRootInode, "g"), Code::kNotFound);
+  EXPECT_CODE(this->svc_->get_attr(pm::InodeReq{InodeId(999999)}), Code::kNotFound);
+}
+
+TYPED_TEST(NamespaceTest, BadNamesAreRejectedByEveryOperation) {
+  InodeId f = this->must_create(kRootInode, "f");
+  const std::vector<std::string> bad = {"", ".", "..", "a/b", std::string("a\0b", 3)};
+  std::string long_name(256, 'x');
+  for (const auto& n : bad) {
+    SCOPED_TRACE("name '" + n + "'");
+    EXPECT_CODE(this->create(kRootInode, n), Code::kInvalid);
+    EXPECT_CODE(this->mkdir(kRootInode, n), Code::kInvalid);
+    EXPECT_CODE(this->lookup(kRootInode, n), Code::kInvalid);
+    EXPECT_CODE(this->unlink(kRootInode, n), Code::kInvalid);
+    EXPECT_CODE(this->rmdir(kRootInode, n), Code::kInvalid);
+    EXPECT_CODE(this->rename(kRootInode, "f", kRootInode, n), Code::kInvalid);
+    EXPECT_CODE(this->svc_->link(pm::LinkReq{f, kRootInode, n}), Code::kInvalid);
+    EXPECT_CODE(this->svc_->symlink(pm::SymlinkReq{kRootInode, n, "t", {}}), Code::kInvalid);
+  }
+  EXPECT_CODE(this->create(kRootInode, long_name), Code::kNameTooLong);
+  EXPECT_CODE(this->mkdir(kRootInode, long_name), Code::kNameTooLong);
+  EXPECT_CODE(this->lookup(kRootInode, long_name), Code::kNameTooLong);
+  EXPECT_CODE(this->rename(kRootInode, "f", kRootInode, long_name), Code::kNameTooLong);
+  std::string max_name(255, 'y');
+  ASSERT_OK(this->create(kRootInode, max_name));
+  ASSERT_OK(this->lookup(kRootInode, max_name));
+}
+
+TYPED_TEST(NamespaceTest, ParentMissingOrNotADirectory) {
+  InodeId f = this->must_create(kRootInode, "f");
+  InodeId missing(123456);
+  EXPECT_CODE(this->create(missing, "x"), Code::kNotFound);
+  EXPECT_CODE(this->mkdir(missing, "x"), Code::kNotFound);
+  EXPECT_CODE(this->lookup(missing, "x"), Code::kNotFound);
+  EXPECT_CODE(this->unlink(missing, "x"), Code::kNotFound);
+  EXPECT_CODE(this->create(f, "x"), Code::kNotDir);
+  EXPECT_CODE(this->mkdir(f, "x"), Code::kNotDir);
+  EXPECT_CODE(this->lookup(f, "x"), Code::kNotDir);
+  EXPECT_CODE(this->unlink(f, "x"), Code::kNotDir);
+  EXPECT_CODE(this->rmdir(f, "x"), Code::kNotDir);
+  EXPECT_CODE(this->rename(kRootInode, "f", f, "x"), Code::kNotDir);
+  EXPECT_CODE(this->svc_->read_dir(pm::ReadDirReq{f, "", 10, false}), Code::kNotDir);
+  EXPECT_CODE(this->svc_->symlink(pm::SymlinkReq{f, "s", "t", {}}), Code::kNotDir);
+}
+
+TYPED_TEST(NamespaceTest, MkdirRmdirKeepNlink) {
+  EXPECT_EQ(this->attr(kRootInode).nlink, 2u);
+  InodeId a = this->must_mkdir(kRootInode, "a");
+  auto aa = this->attr(a);
+  EXPECT_EQ(aa.mode, static_cast<uint32_t>(S_IFDIR | 0755));
+  EXPECT_EQ(aa.nlink, 2u);
+  EXPECT_EQ(this->attr(kRootInode).nlink, 3u);
+  InodeId b = this->must_mkdir(a, "b");
+  this->must_create(a, "file");
+  EXPECT_EQ(this->attr(a).nlink, 3u);
+  EXPECT_EQ(this->attr(kRootInode).nlink, 3u);
+  EXPECT_CODE(this->rmdir(kRootInode, "a"), Code::kNotEmpty);
+  EXPECT_CODE(this->rmdir(a, "file"), Code::kNotDir);
+  EXPECT_CODE(this->rmdir(a, "nope"), Code::kNotFound);
+  ASSERT_OK(this->rmdir(a, "b"));
+  EXPECT_CODE(this->svc_->get_attr(pm::InodeReq{b}), Code::kNotFound);
+  EXPECT_EQ(this->attr(a).nlink, 2u);
+  ASSERT_OK(this->unlink(a, "file"));
+  ASSERT_OK(this->rmdir(kRootInode, "a"));
+  EXPECT_EQ(this->attr(kRootInode).nlink, 2u);
+  EXPECT_CODE(this->lookup(kRootInode, "a"), Code::kNotFound);
+}
+
+TYPED_TEST(NamespaceTest, UnlinkErrorsAndEffects) {
+  this->must_mkdir(kRootInode, "d");
+  EXPECT_CODE(this->unlink(kRootInode, "d"), Code::kIsDir);
+  EXPECT_CODE(this->unlink(kRootInode, "nope"), Code::kNotFound);
+  InodeId f = this->must_create(kRootInode, "f");
+  this->now_ += 100;
+  ASSERT_OK(this->unlink(kRootInode, "f"));
+  EXPECT_CODE(this->lookup(kRootInode, "f"), Code::kNotFound);
+  EXPECT_CODE(this->svc_->get_attr(pm::InodeReq{f}), Code::kNotFound);
+  EXPECT_EQ(this->attr(kRootInode).mtime_ns, this->now_);
+  EXPECT_EQ(this->attr(kRootInode).ctime_ns, this->now_);
+}
+
+TYPED_TEST(NamespaceTest, HardLinks) {
+  InodeId d = this->must_mkdir(kRootInode, "d");
+  InodeId f = this->must_create(kRootInode, "f");
+  EXPECT_CODE(this->svc_->link(pm::LinkReq{d, kRootInode, "dl"}), Code::kNotPermitted);
+  EXPECT_CODE(this->svc_->link(pm::LinkReq{f, kRootInode, "d"}), Code::kExists);
+  EXPECT_CODE(this->svc_->link(pm::LinkReq{InodeId(99999), kRootInode, "x"}), Code::kNotFound);
+  this->now_ += 7;
+  auto l = this->svc_->link(pm::LinkReq{f, d, "g"});
+  ASSERT_TRUE(l.has_value()) << l.error().to_string();
+  EXPECT_EQ(l->attr.nlink, 2u);
+  EXPECT_EQ(l->attr.ctime_ns, this->now_);
+  EXPECT_EQ(this->lookup(d, "g")->attr.ino, f);
+  EXPECT_EQ(this->attr(d).nlink, 2u);  // a file link is not a subdirectory
+  ASSERT_OK(this->unlink(kRootInode, "f"));
+  EXPECT_EQ(this->attr(f).nlink, 1u);
+  ASSERT_OK(this->unlink(d, "g"));
+  EXPECT_CODE(this->svc_->get_attr(pm::InodeReq{f}), Code::kNotFound);
+}
+
+TYPED_TEST(NamespaceTest, SymlinkAndReadlink) {
+  auto s = this->svc_->symlink(pm::SymlinkReq{kRootInode, "s", "../some/where", proto::Caller{5, 6}});
+  ASSERT_TRUE(s.has_value()) << s.error().to_string();
+  EXPECT_EQ(s->attr.mode, static_cast<uint32_t>(S_IFLNK | 0777));
+  EXPECT_EQ(s->attr.size, 13u);
+  EXPECT_EQ(s->attr.uid, 5u);
+  EXPECT_TRUE(s->attr.layout.chains.empty());
+  auto rl = this->svc_->readlink(pm::InodeReq{s->attr.ino});
+  ASSERT_TRUE(rl.has_value());
+  EXPECT_EQ(rl->target, "../some/where");
+  ASSERT_OK(this->svc_->symlink(pm::SymlinkReq{kRootInode, "max", std::string(4095, 'a'), {}}));
+  EXPECT_CODE(this->svc_->symlink(pm::SymlinkReq{kRootInode, "big", std::string(4096, 'a'), {}}), Code::kNameTooLong);
+  EXPECT_CODE(this->svc_->symlink(pm::SymlinkReq{kRootInode, "empty", "", {}}), Code::kNotFound);
+  EXPECT_CODE(this->svc_->symlink(pm::SymlinkReq{kRootInode, "s", "x", {}}), Code::kExists);
+  InodeId f = this->must_create(kRootInode, "f");
+  EXPECT_CODE(this->svc_->readlink(pm::InodeReq{f}), Code::kInvalid);
+  EXPECT_CODE(this->svc_->readlink(pm::InodeReq{InodeId(77777)}), Code::kNotFound);
+}
+
+TYPED_TEST(NamespaceTest, MknodTypes) {
+  auto fifo = this->svc_->mknod(pm::MknodReq{kRootInode, "fifo", S_IFIFO | 0600, 0, {}});
+  ASSERT_TRUE(fifo.has_value()) << fifo.error().to_string();
+  EXPECT_EQ(fifo->attr.mode, static_cast<uint32_t>(S_IFIFO | 0600));
+  EXPECT_TRUE(fifo->attr.layout.chains.empty());
+  auto sock = this->svc_->mknod(pm::MknodReq{kRootInode, "sock", S_IFSOCK | 0600, 0, {}});
+  ASSERT_TRUE(sock.has_value());
+  auto chr = this->svc_->mknod(pm::MknodReq{kRootInode, "chr", S_IFCHR | 0600, 0x0103, {}});
+  ASSERT_TRUE(chr.has_value());
+  EXPECT_EQ(chr->attr.rdev, 0x0103u);
+  auto reg = this->svc_->mknod(pm::MknodReq{kRootInode, "reg", 0644, 0, {}});
+  ASSERT_TRUE(reg.has_value());
+  EXPECT_EQ(reg->attr.mode, static_cast<uint32_t>(S_IFREG | 0644));
+  EXPECT_EQ(reg->attr.layout.chains.size(), 4u);
+  EXPECT_CODE(this->svc_->mknod(pm::MknodReq{kRootInode, "dir", S_IFDIR | 0755, 0, {}}), Code::kNotPermitted);
+  EXPECT_CODE(this->svc_->mknod(pm::MknodReq{kRootInode, "lnk", S_IFLNK | 0777, 0, {}}), Code::kInvalid);
+  EXPECT_CODE(this->svc_->mknod(pm::MknodReq{kRootInode, "fifo", S_IFIFO | 0600, 0, {}}), Code::kExists);
+  EXPECT_EQ(this->names(kRootInode), (std::vector<std::string>{"chr", "fifo", "reg", "sock"}));
+  ASSERT_OK(this->unlink(kRootInode, "fifo"));
+  EXPECT_CODE(this->svc_->get_attr(pm::InodeReq{fifo->attr.ino}), Code::kNotFound);
+}
+
+TYPED_TEST(NamespaceTest, SetgidDirectoryPassesGroupDown) {
+  InodeId d = this->must_mkdir(kRootInode, "d");
+  pm::SetAttrReq sa;
+  sa.ino = d;
+  sa.valid = pm::kSetMode | pm::kSetGid;
+  sa.mode = 02775;
+  sa.gid = 77;
+  ASSERT_OK(this->svc_->set_attr(sa));
+  auto f = this->create(d, "f");
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->attr.gid, 77u);
+  auto sub = this->mkdir(d, "sub");
+  ASSERT_TRUE(sub.has_value());
+  EXPECT_EQ(sub->attr.gid, 77u);
+  EXPECT_NE(sub->attr.mode & S_ISGID, 0u);
+}
+
+// ---- rename ----
+
+TYPED_TEST(NamespaceTest, RenameFileWithinAndAcrossDirectories) {
+  InodeId d1 = this->must_mkdir(kRootInode, "d1");
+  InodeId d2 = this->must_mkdir(kRootInode, "d2");
+  InodeId f = this->must_create(d1, "f");
+  this->now_ += 10;
+  ASSERT_OK(this->rename(d1, "f", d1, "g"));
+  EXPECT_CODE(this->lookup(d1, "f"), Code::kNotFound);
+  EXPECT_EQ(this->lookup(d1, "g")->attr.ino, f);
+  EXPECT_EQ(this->attr(f).ctime_ns, this->now_);
+  this->now_ += 10;
+  ASSERT_OK(this->rename(d1, "g", d2, "h"));
+  EXPECT_EQ(this->lookup(d2, "h")->attr.ino, f);
+  EXPECT_TRUE(this->names(d1).empty());
+  EXPECT_EQ(this->attr(d1).mtime_ns, this->now_);
+  EXPECT_EQ(this->attr(d2).mtime_ns, this->now_);
+  EXPECT_EQ(this->attr(d1).ctime_ns, this->now_);
+  EXPECT_EQ(this->attr(d2).ctime_ns, this->now_);
+  EXPECT_EQ(this->attr(d1).nlink, 2u);
+  EXPECT_EQ(this->attr(d2).nlink, 2u);
+  EXPECT_CODE(this->rename(d1, "missing", d2, "x"), Code::kNotFound);
+}
+
+TYPED_TEST(NamespaceTest, RenameReplacesFile) {
+  InodeId a = this->must_create(kRootInode, "a");
+  InodeId b = this->must_create(kRootInode, "b");
+  ASSERT_OK(this->rename(kRootInode, "a", kRootInode, "b"));
+  EXPECT_EQ(this->lookup(kRootInode, "b")->attr.ino, a);
+  EXPECT_CODE(this->lookup(kRootInode, "a"), Code::kNotFound);
+  EXPECT_CODE(this->svc_->get_attr(pm::InodeReq{b}), Code::kNotFound);
+  EXPECT_EQ(this->names(kRootInode), (std::vector<std::string>{"b"}));
+}
+
+TYPED_TEST(NamespaceTest, RenameReplacingOneOfSeveralLinksKeepsTheInode) {
+  InodeId a = this->must_create(kRootInode, "a");
+  InodeId b = this->must_create(kRootInode, "b");
+  ASSERT_OK(this->svc_->link(pm::LinkReq{b, kRootInode, "b2"}));
+  ASSERT_OK(this->rename(kRootInode, "a", kRootInode, "b"));
+  EXPECT_EQ(this->attr(b).nlink, 1u);
+  EXPECT_EQ(this->lookup(kRootInode, "b2")->attr.ino, b);
+  EXPECT_EQ(this->lookup(kRootInode, "b")->attr.ino, a);
+}
+
+TYPED_TEST(NamespaceTest, RenameDirectoryUpdatesParentLinkCounts) {
+  InodeId d1 = this->must_mkdir(kRootInode, "d1");
+  InodeId d2 = this->must_mkdir(kRootInode, "d2");
+  InodeId sub = this->must_mkdir(d1, "sub");
+  this->must_create(sub, "inside");
+  EXPECT_EQ(this->attr(d1).nlink, 3u);
+  ASSERT_OK(this->rename(d1, "sub", d2, "moved"));
+  EXPECT_EQ(this->attr(d1).nlink, 2u);
+  EXPECT_EQ(this->attr(d2).nlink, 3u);
+  EXPECT_EQ(this->attr(kRootInode).nlink, 4u);
+  EXPECT_EQ(this->lookup(d2, "moved")->attr.ino, sub);
+  EXPECT_EQ(this->names(sub), (std::vector<std::string>{"inside"}));
+  // The moved directory's parent pointer follows: moving d2 under the moved dir is a cycle.
+  EXPECT_CODE(this->rename(kRootInode, "d2", sub, "x"), Code::kInvalid);
+}
+
+TYPED_TEST(NamespaceTest, RenameDirectoryOverEmptyDirectoryReplacesIt) {
+  InodeId a = this->must_mkdir(kRootInode, "a");
+  InodeId b = this->must_mkdir(kRootInode, "b");
+  EXPECT_EQ(this->attr(kRootInode).nlink, 4u);
+  ASSERT_OK(this->rename(kRootInode, "a", kRootInode, "b"));
+  EXPECT_EQ(this->lookup(kRootInode, "b")->attr.ino, a);
+  EXPECT_CODE(this->svc_->get_attr(pm::InodeReq{b}), Code::kNotFound);
+  EXPECT_EQ(this->attr(kRootInode).nlink, 3u);
+  // Across directories.
+  InodeId d = this->must_mkdir(kRootInode, "d");
+  InodeId e = this->must_mkdir(d, "e");
+  ASSERT_OK(this->rename(kRootInode, "b", d, "e"));
+  EXPECT_EQ(this->lookup(d, "e")->attr.ino, a);
+  EXPECT_CODE(this->svc_->get_attr(pm::InodeReq{e}), Code::kNotFound);
+  EXPECT_EQ(this->attr(d).nlink, 3u);
+  EXPECT_EQ(this->attr(kRootInode).nlink, 3u);
+}
+
+TYPED_TEST(NamespaceTest, RenameErrorCases) {
+  InodeId d = this->must_mkdir(kRootInode, "d");
+  InodeId full = this->must_mkdir(kRootInode, "full");
+  this->must_create(full, "x");
+  this->must_create(kRootInode, "f");
+  InodeId sub = this->must_mkdir(d, "sub");
+  EXPECT_CODE(this->rename(kRootInode, "f", kRootInode, "d"), Code::kIsDir);      // file over dir
+  EXPECT_CODE(this->rename(kRootInode, "d", kRootInode, "f"), Code::kNotDir);     // dir over file
+  EXPECT_CODE(this->rename(kRootInode, "d", kRootInode, "full"), Code::kNotEmpty);
+  EXPECT_CODE(this->rename(kRootInode, "d", d, "x"), Code::kInvalid);             // into itself
+  EXPECT_CODE(this->rename(kRootInode, "d", sub, "x"), Code::kInvalid);           // into its subtree
+  EXPECT_CODE(this->rename(d, "sub", kRootInode, "d"), Code::kNotEmpty);          // over its own parent
+  EXPECT_CODE(this->rename(kRootInode, "f", kRootInode, "g", 1u << 5), Code::kInvalid);
+  EXPECT_CODE(this->rename(kRootInode, "f", kRootInode, "g", pm::kRenameNoReplace | pm::kRenameExchange),
+              Code::kInvalid);
+  // Nothing changed.
+  EXPECT_EQ(this->names(kRootInode), (std::vector<std::string>{"d", "f", "full"}));
+  EXPECT_EQ(this->attr(kRootInode).nlink, 4u);
+}
+
+TYPED_TEST(NamespaceTest, RenameNoReplace) {
+  InodeId a = this->must_create(kRootInode, "a");
+  this->must_create(kRootInode, "b");
+  EXPECT_CODE(this->rename(kRootInode, "a", kRootInode, "b", pm::kRenameNoReplace), Code::kExists);
+  ASSERT_OK(this->rename(kRootInode, "a", kRootInode, "c", pm::kRenameNoReplace));
+  EXPECT_EQ(this->lookup(kRootInode, "c")->attr.ino, a);
+}
+
+TYPED_TEST(NamespaceTest, RenameExchange) {
+  InodeId d1 = this->must_mkdir(kRootInode, "d1");
+  InodeId f = this->must_create(kRootInode, "f");
+  InodeId sub = this->must_mkdir(d1, "sub");
+  EXPECT_CODE(this->rename(kRootInode, "f", kRootInode, "missing", pm::kRenameExchange), Code::kNotFound);
+  // File <-> directory across parents: the parents' link counts follow the directory.
+  ASSERT_OK(this->rename(kRootInode, "f", d1, "sub", pm::kRenameExchange));
+  EXPECT_EQ(this->lookup(kRootInode, "f")->attr.ino, sub);
+  EXPECT_EQ(this->lookup(d1, "sub")->attr.ino, f);
+  EXPECT_EQ(this->attr(d1).nlink, 2u);
+  EXPECT_EQ(this->attr(kRootInode).nlink, 4u);
+  // Exchanging a directory with something inside it would make a cycle.
+  this->must_create(sub, "inner");
+  EXPECT_CODE(this->rename(kRootInode, "f", sub, "inner", pm::kRenameExchange), Code::kInvalid);
+  // Same directory exchange.
+  InodeId x = this->must_create(kRootInode, "x");
+  ASSERT_OK(this->rename(kRootInode, "x", kRootInode, "d1", pm::kRenameExchange));
+  EXPECT_EQ(this->lookup(kRootInode, "d1")->attr.ino, x);
+  EXPECT_EQ(this->lookup(kRootInode, "x")->attr.ino, d1);
+  EXPECT_EQ(this->attr(kRootInode).nlink, 4u);
+}
+
+TYPED_TEST(NamespaceTest, RenameOntoItselfOrAnotherLinkOfSameInodeIsANoOp) {
+  InodeId f = this->must_create(kRootInode, "f");
+  ASSERT_OK(this->svc_->link(pm::LinkReq{f, kRootInode, "g"}));
+  auto before = this->attr(f);
+  this->now_ += 1000;
+  ASSERT_OK(this->rename(kRootInode, "f", kRootInode, "f"));
+  ASSERT_OK(this->rename(kRootInode, "f", kRootInode, "g"));
+  EXPECT_EQ(this->names(kRootInode), (std::vector<std::string>{"f", "g"}));
+  auto after = this->attr(f);
+  EXPECT_EQ(after.nlink, 2u);
+  EXPECT_EQ(after.ctime_ns, before.ctime_ns);
+  InodeId d = this->must_mkdir(kRootInode, "d");
+  ASSERT_OK(this->rename(kRootInode, "d", kRootInode, "d"));
+  EXPECT_EQ(this->lookup(kRootInode, "d")->attr.ino, d);
+}
+
+// ---- readdir ----
+
+TYPED_TEST(NamespaceTest, ReadDirPagesThroughTenThousandEntries) {
+  InodeId d = this->must_mkdir(kRootInode, "big");
+  std::set<std::string> want;
+  for (int i = 0; i < 10000; ++i) {
+    std::string n = "e" + std::to_string(i * 7919 % 10000);
+    if (i % 10 == 0) {
+      ASSERT_TRUE(this->mkdir(d, n).has_value());
+    } else {
+      ASSERT_TRUE(this->svc_->symlink(pm::SymlinkReq{d, n, "t", {}}).has_value());
+    }
+    want.insert(n);
+  }
+  EXPECT_EQ(this->attr(d).nlink, 2u + 1000u);
+  std::vector<std::string> got;
+  pm::ReadDirReq req{d, "", 100, true};
+  int pages = 0;
+  for (;;) {
+    auto r = this->svc_->read_dir(req);
+    ASSERT_TRUE(r.has_value()) << r.error().to_string();
+    ++pages;
+    ASSERT_LE(r->entries.size(), 100u);
+    for (const auto& e : r->entries) {
+      ASSERT_TRUE(e.attr.has_value());
+      EXPECT_EQ(e.attr->ino, e.ino);
+      EXPECT_EQ(e.mode, e.attr->mode & S_IFMT);
+      got.push_back(e.name);
+    }
+    if (r->eof) break;
+    ASSERT_EQ(r->entries.size(), 100u);
+    req.after = r->entries.back().name;
+  }
+  EXPECT_EQ(pages, 100);
+  ASSERT_EQ(got.size(), 10000u);
+  EXPECT_TRUE(std::is_sorted(got.begin(), got.end()));
+  EXPECT_EQ(std::set<std::string>(got.begin(), got.end()), want);
+}
+
+TYPED_TEST(NamespaceTest, ReadDirAfterAMissingNameAndEof) {
+  InodeId d = this->must_mkdir(kRootInode, "d");
+  for (const char* n : {"a", "c", "e"}) this->must_create(d, n);
+  auto r = this->svc_->read_dir(pm::ReadDirReq{d, "b", 10, false});
+  ASSERT_TRUE(r.has_value());
+  ASSERT_EQ(r->entries.size(), 2u);
+  EXPECT_EQ(r->entries[0].name, "c");
+  EXPECT_FALSE(r->entries[0].attr.has_value());
+  EXPECT_EQ(r->entries[0].mode, static_cast<uint32_t>(S_IFREG));
+  EXPECT_TRUE(r->eof);
+  auto exact = this->svc_->read_dir(pm::ReadDirReq{d, "", 3, false});
+  ASSERT_TRUE(exact.has_value());
+  EXPECT_EQ(exact->entries.size(), 3u);
+  EXPECT_TRUE(exact->eof);
+  auto partial = this->svc_->read_dir(pm::ReadDirReq{d, "", 2, false});
+  EXPECT_FALSE(partial->eof);
+  auto empty = this->svc_->read_dir(pm::ReadDirReq{d, "e", 2, false});
+  EXPECT_TRUE(empty->entries.empty());
+  EXPECT_TRUE(empty->eof);
+  EXPECT_CODE(this->svc_->read_dir(pm::ReadDirReq{InodeId(5555), "", 2, false}), Code::kNotFound);
+}
+
+// ---- xattrs ----
+
+TYPED_TEST(NamespaceTest, XattrsWithFlags) {
+  InodeId f = this->must_create(kRootInode, "f");
+  auto& s = *this->svc_;
+  EXPECT_CODE(s.get_xattr(pm::GetXattrReq{f, "user.a"}), Code::kNoData);
+  EXPECT_CODE(s.set_xattr(pm::SetXattrReq{f, "user.a", "1", 2}), Code::kNoData);  // REPLACE, absent
+  ASSERT_OK(s.set_xattr(pm::SetXattrReq{f, "user.a", "1", 1}));                    // CREATE
+  EXPECT_CODE(s.set_xattr(pm::SetXattrReq{f, "user.a", "2", 1}), Code::kExists);  // CREATE, present
+  ASSERT_OK(s.set_xattr(pm::SetXattrReq{f, "user.a", "3", 2}));                    // REPLACE
+  EXPECT_EQ(s.get_xattr(pm::GetXattrReq{f, "user.a"})->value, "3");
+  ASSERT_OK(s.set_xattr(pm::SetXattrReq{f, "user.b", std::string(64 * 1024, 'v'), 0}));
+  EXPECT_CODE(s.set_xattr(pm::SetXattrReq{f, "user.c", std::string(64 * 1024 + 1, 'v'), 0}), Code::kRange);
+  EXPECT_CODE(s.set_xattr(pm::SetXattrReq{f, "user.c", "x", 3}), Code::kInvalid);
+  EXPECT_CODE(s.set_xattr(pm::SetXattrReq{f, "", "x", 0}), Code::kRange);
+  EXPECT_CODE(s.set_xattr(pm::SetXattrReq{f, std::string(256, 'n'), "x", 0}), Code::kRange);
+  ASSERT_OK(s.set_xattr(pm::SetXattrReq{f, "security.empty", "", 0}));
+  auto list = s.list_xattr(pm::InodeReq{f});
+  ASSERT_TRUE(list.has_value());
+  EXPECT_EQ(list->names, (std::vector<std::string>{"security.empty", "user.a", "user.b"}));
+  EXPECT_EQ(s.get_xattr(pm::GetXattrReq{f, "security.empty"})->value, "");
+  ASSERT_OK(s.remove_xattr(pm::GetXattrReq{f, "user.a"}));
+  EXPECT_CODE(s.remove_xattr(pm::GetXattrReq{f, "user.a"}), Code::kNoData);
+  EXPECT_CODE(s.get_xattr(pm::GetXattrReq{f, "user.a"}), Code::kNoData);
+  EXPECT_CODE(s.set_xattr(pm::SetXattrReq{InodeId(4444), "user.a", "1", 0}), Code::kNotFound);
+  EXPECT_CODE(s.list_xattr(pm::InodeReq{InodeId(4444)}), Code::kNotFound);
+  // Xattrs on directories too, and they go away with the inode.
+  ASSERT_OK(s.set_xattr(pm::SetXattrReq{kRootInode, "user.root", "r", 0}));
+  ASSERT_OK(this->unlink(kRootInode, "f"));
+  InodeId g = this->must_create(kRootInode, "g");
+  EXPECT_TRUE(s.list_xattr(pm::InodeReq{g})->names.empty());
+}
+
+TYPED_TEST(NamespaceTest, SetXattrUpdatesCtime) {
+  InodeId f = this->must_create(kRootInode, "f");
+  this->now_ += 33;
+  ASSERT_OK(this->svc_->set_xattr(pm::SetXattrReq{f, "user.a", "1", 0}));
+  EXPECT_EQ(this->attr(f).ctime_ns, this->now_);
+}
+
+// ---- setattr / report size ----
+
+TYPED_TEST(NamespaceTest, SetAttrFields) {
+  InodeId f = this->must_create(kRootInode, "f");
+  auto& s = *this->svc_;
+  uint64_t gen0 = this->attr(f).generation;
+  this->now_ += 10;
+  pm::SetAttrReq r;
+  r.ino = f;
+  r.valid = pm::kSetMode | pm::kSetUid | pm::kSetGid;
+  r.mode = S_IFDIR | 04711;  // type bits in the request are ignored
+  r.uid = 7;
+  r.gid = 8;
+  auto a = s.set_attr(r);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->attr.mode, static_cast<uint32_t>(S_IFREG | 04711));
+  EXPECT_EQ(a->attr.uid, 7u);
+  EXPECT_EQ(a->attr.gid, 8u);
+  EXPECT_EQ(a->attr.ctime_ns, this->now_);
+  EXPECT_EQ(a->attr.generation, gen0);
+
+  this->now_ += 10;
+  r = {};
+  r.ino = f;
+  r.valid = pm::kSetSize;
+  r.size = 12345;
+  a = s.set_attr(r);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->attr.size, 12345u);
+  EXPECT_EQ(a->attr.mtime_ns, this->now_);
+  EXPECT_EQ(a->attr.generation, gen0 + 1);
+  r.size = 10;  // shrink: exact
+  a = s.set_attr(r);
+  EXPECT_EQ(a->attr.size, 10u);
+  EXPECT_EQ(a->attr.generation, gen0 + 2);
+  EXPECT_EQ(this->attr(f).size, 10u);
+
+  r = {};
+  r.ino = f;
+  r.valid = pm::kSetAtime | pm::kSetMtime;
+  r.atime_ns = 111;
+  r.mtime_ns = 222;
+  this->now_ += 10;
+  a = s.set_attr(r);
+  EXPECT_EQ(a->attr.atime_ns, 111);
+  EXPECT_EQ(a->attr.mtime_ns, 222);
+  EXPECT_EQ(a->attr.ctime_ns, this->now_);
+  r.valid = pm::kSetAtimeNow | pm::kSetMtimeNow | pm::kSetAtime | pm::kSetMtime;
+  this->now_ += 10;
+  a = s.set_attr(r);
+  EXPECT_EQ(a->attr.atime_ns, this->now_);
+  EXPECT_EQ(a->attr.mtime_ns, this->now_);
+
+  InodeId d = this->must_mkdir(kRootInode, "d");
+  r = {};
+  r.ino = d;
+  r.valid = pm::kSetSize;
+  EXPECT_CODE(s.set_attr(r), Code::kIsDir);
+  auto sym = s.symlink(pm::SymlinkReq{kRootInode, "s", "t", {}});
+  r.ino = sym->attr.ino;
+  EXPECT_CODE(s.set_attr(r), Code::kInvalid);
+  r.ino = f;
+  r.valid = 1u << 20;
+  EXPECT_CODE(s.set_attr(r), Code::kInvalid);
+  r.ino = InodeId(98765);
+  r.valid = pm::kSetMode;
+  EXPECT_CODE(s.set_attr(r), Code::kNotFound);
+}
+
+TYPED_TEST(NamespaceTest, ReportSizeTakesTheMaximum) {
+  InodeId f = this->must_create(kRootInode, "f");
+  auto& s = *this->svc_;
+  uint64_t gen = this->attr(f).generation;
+  auto a = s.report_size(pm::ReportSizeReq{f, 5000, 777});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->attr.size, 5000u);
+  EXPECT_EQ(a->attr.mtime_ns, 777);
+  EXPECT_EQ(a->attr.generation, gen + 1);
+  a = s.report_size(pm::ReportSizeReq{f, 100, 0});
+  EXPECT_EQ(a->attr.size, 5000u);
+  EXPECT_EQ(a->attr.mtime_ns, this->now_);
+  EXPECT_EQ(a->attr.generation, gen + 2);
+  EXPECT_CODE(s.report_size(pm::ReportSizeReq{kRootInode, 1, 0}), Code::kIsDir);
+  EXPECT_CODE(s.report_size(pm::ReportSizeReq{InodeId(31337), 1, 0}), Code::kNotFound);
+}
+
+// ---- layouts and chains ----
+
+TYPED_TEST(NamespaceTest, LayoutInheritanceAndValidation) {
+  auto& s = *this->svc_;
+  InodeId d = this->must_mkdir(kRootInode, "d");
+  InodeId f0 = this->must_create(kRootInode, "f0");
+  EXPECT_CODE(s.set_layout(pm::SetLayoutReq{f0, 1u << 20, 1}), Code::kNotDir);
+  EXPECT_CODE(s.set_layout(pm::SetLayoutReq{d, 3u << 20, 1}), Code::kInvalid);
+  EXPECT_CODE(s.set_layout(pm::SetLayoutReq{d, 32u << 10, 1}), Code::kInvalid);
+  EXPECT_CODE(s.set_layout(pm::SetLayoutReq{d, 128u << 20, 1}), Code::kInvalid);
+  EXPECT_CODE(s.set_layout(pm::SetLayoutReq{InodeId(4242), 1u << 20, 1}), Code::kNotFound);
+  ASSERT_OK(s.set_layout(pm::SetLayoutReq{d, 1u << 20, 2}));
+  auto dl = s.get_layout(pm::InodeReq{d});
+  ASSERT_TRUE(dl.has_value());
+  EXPECT_EQ(dl->layout.chunk_size, 1u << 20);
+  EXPECT_EQ(dl->layout.stripe_count, 2u);
+  // Subdirectories inherit the directory layout; files get it with chains picked.
+  InodeId sub = this->must_mkdir(d, "sub");
+  EXPECT_EQ(this->attr(sub).layout.chunk_size, 1u << 20);
+  EXPECT_EQ(this->attr(sub).layout.stripe_count, 2u);
+  auto f = this->create(sub, "f");
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->attr.layout.chunk_size, 1u << 20);
+  EXPECT_EQ(f->attr.layout.stripe_count, 2u);
+  ASSERT_EQ(f->attr.layout.chains.size(), 2u);
+  EXPECT_NE(f->attr.layout.chains[0], f->attr.layout.chains[1]);
+  EXPECT_LT(f->attr.layout.seed, 2u);
+  EXPECT_EQ(s.get_layout(pm::InodeReq{f->attr.ino})->layout.chains, f->attr.layout.chains);
+  // Existing files keep their layout.
+  EXPECT_EQ(this->attr(f0).layout.chunk_size, 4u << 20);
+  // More stripes than chains: capped at the number of usable chains.
+  ASSERT_OK(s.set_layout(pm::SetLayoutReq{d, 1u << 20, 64}));
+  auto g = this->create(d, "g");
+  ASSERT_TRUE(g.has_value());
+  EXPECT_EQ(g->attr.layout.stripe_count, 4u);
+  std::set<ChainId> distinct(g->attr.layout.chains.begin(), g->attr.layout.chains.end());
+  EXPECT_EQ(distinct.size(), 4u);
+}
+
+TYPED_TEST(NamespaceTest, ChainSelectionRotatesOverOnlineChains) {
+  auto& s = *this->svc_;
+  ASSERT_OK(s.set_layout(pm::SetLayoutReq{kRootInode, 4u << 20, 1}));
+  std::map<ChainId, int> uses;
+  for (int i = 0; i < 40; ++i) {
+    auto f = this->create(kRootInode, "f" + std::to_string(i));
+    ASSERT_TRUE(f.has_value());
+    ASSERT_EQ(f->attr.layout.chains.size(), 1u);
+    EXPECT_EQ(f->attr.layout.seed, 0u);
+    uses[f->attr.layout.chains[0]]++;
+  }
+  ASSERT_EQ(uses.size(), 4u);
+  for (auto& [c, n] : uses) EXPECT_EQ(n, 10) << "chain " << c.value;
+  // node-b stops heart-beating: after the timeout only node-a's chains are used.
+  this->now_ += 11'000'000'000;
+  ASSERT_OK(s.node_heartbeat(pm::NodeHeartbeatReq{NodeId(1), {{"t1", "", 1000, 400}, {"t2", "", 1000, 400}}}));
+  ASSERT_OK(s.expire());
+  auto map = s.get_cluster_map();
+  std::set<ChainId> online_chains;
+  for (const auto& t : map->map.targets) {
+    if (t.online) online_chains.insert(ChainId(t.id.value));
+  }
+  EXPECT_EQ(online_chains.size(), 2u);
+  for (int i = 0; i < 10; ++i) {
+    auto f = this->create(kRootInode, "g" + std::to_string(i));
+    ASSERT_TRUE(f.has_value());
+    EXPECT_EQ(online_chains.count(f->attr.layout.chains[0]), 1u);
+  }
+  // Everything offline: creating a file fails; directories, FIFOs and symlinks still work.
+  this->now_ += 11'000'000'000;
+  ASSERT_OK(s.expire());
+  auto f = this->create(kRootInode, "nochain");
+  EXPECT_CODE(f, Code::kUnavailable);
+  EXPECT_NE(f.status().message().find("start penstock-data"), std::string::npos);
+  EXPECT_CODE(this->lookup(kRootInode, "nochain"), Code::kNotFound);
+  ASSERT_OK(this->mkdir(kRootInode, "dir-ok"));
+  ASSERT_OK(s.mknod(pm::MknodReq{kRootInode, "fifo-ok", S_IFIFO | 0644, 0, {}}));
+  ASSERT_OK(s.symlink(pm::SymlinkReq{kRootInode, "sym-ok", "x", {}}));
+}
+
+// ---- cluster map and statfs ----
+
+TYPED_TEST(NamespaceTest, ClusterRegistrationIsStableAndVersioned) {
+  auto& s = *this->svc_;
+  auto m0 = s.get_cluster_map();
+  ASSERT_TRUE(m0.has_value());
+  EXPECT_EQ(m0->map.nodes.size(), 2u);
+  EXPECT_EQ(m0->map.targets.size(), 4u);
+  EXPECT_EQ(m0->map.chains.size(), 4u);
+  for (const auto& c : m0->map.chains) {
+    ASSERT_EQ(c.targets.size(), 1u);
+    EXPECT_EQ(c.targets[0].value, c.id.value);
+  }
+  // Re-register node-a from a new address with one more target: same ids, new address, new version.
+  auto r = this->add_node("node-a", "127.0.0.1:9999", {"t2", "t1", "t5"});
+  EXPECT_EQ(r.node, NodeId(1));
+  ASSERT_EQ(r.targets.size(), 3u);
+  EXPECT_EQ(r.targets[0], TargetId(2));
+  EXPECT_EQ(r.targets[1], TargetId(1));
+  EXPECT_EQ(r.targets[2], TargetId(5));
+  EXPECT_GT(r.map_version, m0->map.version);
+  auto m1 = s.get_cluster_map();
+  EXPECT_EQ(m1->map.version, r.map_version);
+  EXPECT_EQ(m1->map.nodes[0].address, "127.0.0.1:9999");
+  EXPECT_EQ(m1->map.chains.size(), 5u);
+  EXPECT_EQ(*s.target_address(TargetId(5)), "127.0.0.1:9999");
+  EXPECT_EQ(*s.target_address(TargetId(3)), "127.0.0.1:7701");
+  EXPECT_CODE(s.target_address(TargetId(77)), Code::kNotFound);
+  EXPECT_CODE(s.register_node(pm::RegisterNodeReq{"", "127.0.0.1:1", {}}), Code::kInvalid);
+  EXPECT_CODE(s.register_node(pm::RegisterNodeReq{"n", "no-port", {}}), Code::kInvalid);
+  EXPECT_CODE(s.register_node(pm::RegisterNodeReq{"n", "127.0.0.1:1", {{"x", "", 0, 0}, {"x", "", 0, 0}}}),
+              Code::kInvalid);
+  EXPECT_CODE(s.node_heartbeat(pm::NodeHeartbeatReq{NodeId(42), {}}), Code::kNotFound);
+  EXPECT_CODE(s.node_heartbeat(pm::NodeHeartbeatReq{NodeId(1), {{"t3", "", 0, 0}}}), Code::kNotFound);
+}
+
+TYPED_TEST(NamespaceTest, NodeTimeoutAndReturn) {
+  auto& s = *this->svc_;
+  uint64_t v0 = s.map_version();
+  this->now_ += 9'000'000'000;
+  ASSERT_OK(s.expire());
+  EXPECT_EQ(s.map_version(), v0);  // not yet
+  ASSERT_OK(s.node_heartbeat(pm::NodeHeartbeatReq{NodeId(1), {{"t1", "", 2000, 1500}}}));
+  EXPECT_EQ(s.map_version(), v0);  // still online: no change
+  this->now_ += 2'000'000'000;
+  ASSERT_OK(s.expire());  // node 2 is 11 s silent
+  uint64_t v1 = s.map_version();
+  EXPECT_EQ(v1, v0 + 1);
+  auto m = s.get_cluster_map();
+  EXPECT_TRUE(m->map.nodes[0].online);
+  EXPECT_FALSE(m->map.nodes[1].online);
+  auto hb = s.node_heartbeat(pm::NodeHeartbeatReq{NodeId(2), {{"t3", "", 1000, 400}, {"t4", "", 1000, 400}}});
+  ASSERT_TRUE(hb.has_value());
+  EXPECT_EQ(hb->map_version, v1 + 1);
+  EXPECT_TRUE(s.get_cluster_map()->map.nodes[1].online);
+  // statfs: t1 reports 2000/1500, t2 kept its registration figures 1000/400 (still online), t3/t4.
+  auto fs = s.stat_fs();
+  ASSERT_TRUE(fs.has_value());
+  EXPECT_EQ(fs->total_bytes, 2000u + 1000 + 1000 + 1000);
+  EXPECT_EQ(fs->free_bytes, 1500u + 400 + 400 + 400);
+  EXPECT_EQ(fs->block_size, 4096u);
+  EXPECT_EQ(fs->max_name, 255u);
+}
+
+TYPED_TEST(NamespaceTest, StatFsCountsInodes) {
+  auto& s = *this->svc_;
+  uint64_t used = s.stat_fs()->used_inodes;
+  EXPECT_EQ(used, 1u);
+  this->must_create(kRootInode, "a");
+  this->must_mkdir(kRootInode, "b");
+  EXPECT_EQ(s.stat_fs()->used_inodes, 3u);
+  ASSERT_OK(this->unlink(kRootInode, "a"));
+  ASSERT_OK(this->rmdir(kRootInode, "b"));
+  EXPECT_EQ(s.stat_fs()->used_inodes, 1u);
+  EXPECT_GT(s.stat_fs()->total_inodes, 1u);
+}
+
+// ---- sessions ----
+
+TYPED_TEST(NamespaceTest, SessionsRegisterHeartbeatExpire) {
+  auto& s = *this->svc_;
+  auto r = s.register_session(pm::RegisterSessionReq{"mount", "gpu1"});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->lease_ns, 30'000'000'000);
+  EXPECT_EQ(r->map_version, s.map_version());
+  SessionId a = r->session;
+  SessionId b = this->new_session();
+  EXPECT_NE(a, b);
+  this->now_ += 20'000'000'000;
+  ASSERT_OK(s.heartbeat(pm::SessionReq{a}));
+  this->now_ += 20'000'000'000;  // b is 40 s silent, a only 20 s
+  ASSERT_OK(s.expire());
+  ASSERT_OK(s.heartbeat(pm::SessionReq{a}));
+  EXPECT_CODE(s.heartbeat(pm::SessionReq{b}), Code::kBadHandle);
+  EXPECT_CODE(s.open_file(pm::OpenReq{kRootInode, b, 0}), Code::kBadHandle);
+  EXPECT_CODE(this->create(kRootInode, "x", b), Code::kBadHandle);
+  ASSERT_OK(s.close_session(pm::SessionReq{a}));
+  EXPECT_CODE(s.heartbeat(pm::SessionReq{a}), Code::kBadHandle);
+  EXPECT_CODE(s.close_session(pm::SessionReq{a}), Code::kBadHandle);
+  EXPECT_NE(this->new_session(), a);
+}
+
+TYPED_TEST(NamespaceTest, UnlinkedButOpenFileStaysReadable) {
+  auto& s = *this->svc_;
+  SessionId sess = this->new_session();
+  auto c = this->create(kRootInode, "f", sess);  // create also opens
+  ASSERT_TRUE(c.has_value());
+  InodeId f = c->attr.ino;
+  ASSERT_OK(s.open_file(pm::OpenReq{f, sess, 0}));  // second open of the same session
+  ASSERT_OK(s.report_size(pm::ReportSizeReq{f, 4096, 0}));
+  ASSERT_OK(this->unlink(kRootInode, "f"));
+  EXPECT_CODE(this->lookup(kRootInode, "f"), Code::kNotFound);
+  auto a = s.get_attr(pm::InodeReq{f});
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->attr.nlink, 0u);
+  EXPECT_EQ(a->attr.size, 4096u);
+  EXPECT_CODE(s.link(pm::LinkReq{f, kRootInode, "back"}), Code::kNotFound);
+  // Another session may still open it by inode (e.g. through /proc/self/fd).
+  SessionId other = this->new_session();
+  ASSERT_OK(s.open_file(pm::OpenReq{f, other, 0}));
+  ASSERT_OK(s.release(pm::ReleaseReq{f, sess}));
+  ASSERT_OK(s.release(pm::ReleaseReq{f, sess}));
+  ASSERT_OK(s.release(pm::ReleaseReq{f, sess}));  // idempotent
+  ASSERT_TRUE(s.get_attr(pm::InodeReq{f}).has_value());
+  ASSERT_OK(s.release(pm::ReleaseReq{f, other}));
+  EXPECT_CODE(s.get_attr(pm::InodeReq{f}), Code::kNotFound);
+  EXPECT_CODE(s.open_file(pm::OpenReq{f, sess, 0}), Code::kNotFound);
+  auto jobs = s.gc_pending(InodeId(), 100);
+  ASSERT_TRUE(jobs.has_value());
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].ino, f);
+  EXPECT_EQ((*jobs)[0].targets.size(), 4u);
+}
+
+TYPED_TEST(NamespaceTest, RenameOverAnOpenFileKeepsItAsOrphan) {
+  auto& s = *this->svc_;
+  SessionId sess = this->new_session();
+  InodeId victim = this->must_create(kRootInode, "victim", sess);
+  this->must_create(kRootInode, "new");
+  ASSERT_OK(this->rename(kRootInode, "new", kRootInode, "victim"));
+  ASSERT_TRUE(s.get_attr(pm::InodeReq{victim}).has_value());
+  EXPECT_TRUE(s.gc_pending(InodeId(), 10)->empty());
+  ASSERT_OK(s.close_session(pm::SessionReq{sess}));
+  EXPECT_CODE(s.get_attr(pm::InodeReq{victim}), Code::kNotFound);
+  ASSERT_EQ(s.gc_pending(InodeId(), 10)->size(), 1u);
+}
+
+TYPED_TEST(NamespaceTest, RestartKeepsEverythingAndNeverReusesInodeNumbers) {
+  if (!TypeParam::kDurable) GTEST_SKIP() << "the in-memory store does not survive its object";
+  auto& before = *this->svc_;
+  SessionId sess = this->new_session();
+  InodeId d = this->must_mkdir(kRootInode, "d");
+  ASSERT_OK(before.set_layout(pm::SetLayoutReq{d, 1u << 20, 2}));
+  InodeId f = this->must_create(d, "f");
+  ASSERT_OK(before.report_size(pm::ReportSizeReq{f, 999, 5}));
+  ASSERT_OK(before.set_xattr(pm::SetXattrReq{f, "user.k", "v", 0}));
+  ASSERT_OK(before.symlink(pm::SymlinkReq{d, "s", "f", {}}));
+  InodeId open_orphan = this->must_create(d, "orphan", sess);
+  ASSERT_OK(this->unlink(d, "orphan"));
+  InodeId queued = this->must_create(d, "queued");
+  ASSERT_OK(this->unlink(d, "queued"));
+  auto f_attr = this->attr(f);
+  uint64_t version = before.map_version();
+  uint64_t max_ino = std::max({d.value, f.value, open_orphan.value, queued.value});
+
+  // Close the service and the database, then open both again.
+  this->svc_.reset();
+  this->store_.reset();
+  this->store_ = this->backend_.open();
+  ASSERT_NE(this->store_, nullptr);
+  this->reopen();
+  auto& s = *this->svc_;
+  EXPECT_GT(s.map_version(), version);
+  EXPECT_EQ(this->names(d), (std::vector<std::string>{"f", "s"}));
+  auto fa = this->attr(f);
+  EXPECT_EQ(fa.size, 999u);
+  EXPECT_EQ(fa.layout.chains, f_attr.layout.chains);
+  EXPECT_EQ(fa.generation, f_attr.generation);
+  EXPECT_EQ(s.get_xattr(pm::GetXattrReq{f, "user.k"})->value, "v");
+  EXPECT_EQ(s.get_layout(pm::InodeReq{d})->layout.chunk_size, 1u << 20);
+  EXPECT_EQ(this->attr(kRootInode).nlink, 3u);
+  EXPECT_EQ(s.stat_fs()->used_inodes, 5u);  // root, d, f, s, the open orphan
+  // The cluster map came back (all nodes offline until they heartbeat), ids stable.
+  auto m = s.get_cluster_map();
+  ASSERT_EQ(m->map.nodes.size(), 2u);
+  EXPECT_FALSE(m->map.nodes[0].online);
+  EXPECT_EQ(this->add_node("node-b", "127.0.0.1:7701", {"t3", "t4"}).node, NodeId(2));
+  // New inode numbers are beyond everything handed out before.
+  InodeId g = this->must_create(d, "g");
+  EXPECT_GT(g.value, max_ino);
+  // The GC queue survived.
+  auto jobs = s.gc_pending(InodeId(), 10);
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].ino, queued);
+  // The session survived with a fresh lease: the orphan stays until it expires.
+  ASSERT_OK(s.heartbeat(pm::SessionReq{sess}));
+  ASSERT_TRUE(s.get_attr(pm::InodeReq{open_orphan}).has_value());
+  this->now_ += 31'000'000'000;
+  ASSERT_OK(s.expire());
+  EXPECT_CODE(s.get_attr(pm::InodeReq{open_orphan}), Code::kNotFound);
+  EXPECT_EQ(s.gc_pending(InodeId(), 10)->size(), 2u);
+  EXPECT_NE(this->new_session(), sess);
+}
+
+TYPED_TEST(NamespaceTest, SessionsNotHeartbeatingAfterRestartExpire) {
+  SessionId sess = this->new_session();
+  InodeId f = this->must_create(kRootInode, "f", sess);
+  ASSERT_OK(this->unlink(kRootInode, "f"));
+  this->now_ += 25'000'000'000;
+  this->svc_.reset();
+  this->store_.reset();
+  this->store_ = this->backend_.open();
+  this->reopen();  // restart: the session gets a fresh 30 s lease from now
+  this->now_ += 25'000'000'000;
+  ASSERT_OK(this->svc_->expire());
+  ASSERT_TRUE(this->svc_->get_attr(pm::InodeReq{f}).has_value());
+  this->now_ += 10'000'000'000;
+  ASSERT_OK(this->svc_->expire());
+  EXPECT_CODE(this->svc_->get_attr(pm::InodeReq{f}), Code::kNotFound);
+  EXPECT_CODE(this->svc_->heartbeat(pm::SessionReq{sess}), Code::kBadHandle);
+}
+
+}  // namespace
+}  // namespace penstock::meta

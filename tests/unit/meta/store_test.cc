@@ -1,0 +1,159 @@
+#include <gtest/gtest.h>
+
+#include "server/meta/rocksdb_store.h"
+#include "server/meta/schema.h"
+#include "server/meta/store.h"
+#include "tests/unit/meta/test_env.h"
+
+namespace penstock::meta {
+namespace {
+
+using testing::MemoryBackend;
+using testing::RocksBackend;
+
+template <class B>
+class StoreTest : public ::testing::Test {
+ protected:
+  B backend_;
+  std::shared_ptr<Store> store_ = backend_.open();
+};
+
+using Backends = ::testing::Types<MemoryBackend, RocksBackend>;
+TYPED_TEST_SUITE(StoreTest, Backends);
+
+std::vector<std::string> scan_keys(Store& s, std::string_view prefix, std::string_view seek, size_t limit = SIZE_MAX) {
+  std::vector<std::string> out;
+  Status st = s.scan(prefix, seek, [&](std::string_view k, std::string_view) {
+    out.emplace_back(k);
+    return out.size() < limit;
+  });
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  return out;
+}
+
+TYPED_TEST(StoreTest, GetPutDelete) {
+  auto& s = *this->store_;
+  auto v = s.get("a");
+  ASSERT_TRUE(v.has_value());
+  EXPECT_FALSE(v->has_value());
+  WriteBatch b;
+  b.put("a", "1");
+  b.put("b", std::string("x\0y", 3));
+  ASSERT_OK(s.write(b));
+  EXPECT_EQ(**s.get("a"), "1");
+  EXPECT_EQ(**s.get("b"), std::string("x\0y", 3));
+  WriteBatch d;
+  d.del("a");
+  d.put("b", "2");
+  d.del("missing");
+  ASSERT_OK(s.write(d));
+  EXPECT_FALSE(s.get("a")->has_value());
+  EXPECT_EQ(**s.get("b"), "2");
+}
+
+TYPED_TEST(StoreTest, LaterOperationInBatchWins) {
+  auto& s = *this->store_;
+  WriteBatch b;
+  b.put("k", "1");
+  b.del("k");
+  b.put("j", "1");
+  b.put("j", "2");
+  ASSERT_OK(s.write(b));
+  EXPECT_FALSE(s.get("k")->has_value());
+  EXPECT_EQ(**s.get("j"), "2");
+}
+
+TYPED_TEST(StoreTest, ScanStaysInPrefixInOrderFromSeek) {
+  auto& s = *this->store_;
+  WriteBatch b;
+  for (const char* k : {"a/1", "d/a", "d/b", "d/c", "d0", "e/1", "d/", "d/bb"}) b.put(k, "v");
+  ASSERT_OK(s.write(b));
+  EXPECT_EQ(scan_keys(s, "d/", ""), (std::vector<std::string>{"d/", "d/a", "d/b", "d/bb", "d/c"}));
+  EXPECT_EQ(scan_keys(s, "d/", "d/b"), (std::vector<std::string>{"d/b", "d/bb", "d/c"}));
+  EXPECT_EQ(scan_keys(s, "d/", "d/ba"), (std::vector<std::string>{"d/bb", "d/c"}));
+  EXPECT_EQ(scan_keys(s, "d/", "d/", 2), (std::vector<std::string>{"d/", "d/a"}));
+  EXPECT_TRUE(scan_keys(s, "z/", "").empty());
+  EXPECT_TRUE(scan_keys(s, "d/", "d/d").empty());
+}
+
+TYPED_TEST(StoreTest, ScanOverManyEntriesAllowsReentrantGets) {
+  auto& s = *this->store_;
+  WriteBatch b;
+  for (int i = 0; i < 1000; ++i) b.put(schema::key1("p/", static_cast<uint64_t>(i)), std::to_string(i));
+  ASSERT_OK(s.write(b));
+  uint64_t expect = 0;
+  Status st = s.scan("p/", "", [&](std::string_view k, std::string_view v) {
+    EXPECT_EQ(schema::read_be64(k.substr(2)), expect);
+    auto again = s.get(k);  // the callback may read the same store
+    EXPECT_TRUE(again.has_value() && again->has_value() && **again == v);
+    ++expect;
+    return true;
+  });
+  ASSERT_OK(st);
+  EXPECT_EQ(expect, 1000u);
+}
+
+TEST(RocksDbStoreTest, SecondOpenOfSameDirectorySaysWhoHoldsTheLock) {
+  testing::TempDir dir;
+  auto first = RocksDbStore::open(dir.path() + "/db");
+  ASSERT_TRUE(first.has_value()) << first.error().to_string();
+  auto second = RocksDbStore::open(dir.path() + "/db");
+  ASSERT_FALSE(second.has_value());
+  EXPECT_EQ(second.error().code(), Code::kBusy);
+  EXPECT_NE(second.error().message().find("another penstock-meta holds the lock"), std::string::npos)
+      << second.error().message();
+  EXPECT_NE(second.error().message().find("--db"), std::string::npos);
+}
+
+TEST(RocksDbStoreTest, UnopenableDirectoryIsAClearError) {
+  testing::TempDir dir;
+  std::string file = dir.path() + "/not-a-dir";
+  WriteBatch b;
+  {
+    FILE* f = fopen(file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    fclose(f);
+  }
+  auto s = RocksDbStore::open(file + "/db");
+  ASSERT_FALSE(s.has_value());
+  EXPECT_NE(s.error().message().find("cannot open the metadata database"), std::string::npos) << s.error().message();
+}
+
+TEST(RocksDbStoreTest, EveryWriteIsSyncedByDefault) {
+  // penstock-meta opens its store with default options: acknowledged writes must survive kill -9.
+  EXPECT_TRUE(RocksDbOptions{}.sync);
+}
+
+TEST(RocksDbStoreTest, WritesSurviveReopen) {
+  testing::TempDir dir;
+  {
+    auto s = RocksDbStore::open(dir.path() + "/db");
+    ASSERT_TRUE(s.has_value());
+    WriteBatch b;
+    b.put("k", "v");
+    ASSERT_OK((*s)->write(b));
+  }
+  auto s = RocksDbStore::open(dir.path() + "/db");
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(**(*s)->get("k"), "v");
+}
+
+TEST(SchemaTest, BigEndianKeysSortNumerically) {
+  EXPECT_LT(schema::inode_key(InodeId(255)), schema::inode_key(InodeId(256)));
+  EXPECT_LT(schema::dentry_key(InodeId(1), "zzz"), schema::dentry_key(InodeId(2), "a"));
+  EXPECT_EQ(schema::read_be64(schema::inode_key(InodeId(0x0102030405060708)).substr(2)), 0x0102030405060708u);
+}
+
+TEST(SchemaTest, DamagedRecordIsCorruptNotACrash) {
+  auto r = schema::decode_record<schema::InodeRecord>(std::string("\x01\x02", 2), "i/x");
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), Code::kCorrupt);
+  auto r2 = schema::decode_record<schema::U64Record>("", "c/x");
+  EXPECT_FALSE(r2.has_value());
+  auto ok = schema::decode_record<schema::U64Record>(schema::encode_record(schema::U64Record{7}), "c/x");
+  ASSERT_TRUE(ok.has_value());
+  EXPECT_EQ(ok->value, 7u);
+}
+
+}  // namespace
+}  // namespace penstock::meta

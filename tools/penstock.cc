@@ -1,0 +1,173 @@
+// penstock: the admin CLI.
+//   penstock layout get PATH
+//   penstock layout set DIR [--chunk-size SIZE] [--stripe-count N]
+//   penstock status [--meta HOST:PORT]
+//   penstock df [--meta HOST:PORT]
+// `layout` works on a mounted path through the virtual xattr user.penstock.layout (served by
+// penstock-mount); `status` and `df` talk to penstock-meta directly, without a session.
+#include <sys/xattr.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "client/lib/client.h"
+#include "client/lib/layout_text.h"
+#include "common/base/log.h"
+
+namespace {
+
+using penstock::client::kLayoutXattr;
+
+std::string human(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 5) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "penstock: %s\n", msg.c_str());
+  return 1;
+}
+
+std::string xattr_error(const std::string& path, int err) {
+  std::string msg = path + ": " + std::strerror(err);
+  if (err == ENOTSUP || err == ENODATA) msg += " (is it on a penstock mount?)";
+  return msg;
+}
+
+int layout_get(const std::string& path) {
+  const std::string name(kLayoutXattr);
+  std::string value(256, '\0');
+  for (;;) {
+    ssize_t n = getxattr(path.c_str(), name.c_str(), value.data(), value.size());
+    if (n >= 0) {
+      value.resize(static_cast<size_t>(n));
+      break;
+    }
+    if (errno != ERANGE) return fail(xattr_error(path, errno));
+    ssize_t need = getxattr(path.c_str(), name.c_str(), nullptr, 0);
+    if (need < 0) return fail(xattr_error(path, errno));
+    value.assign(static_cast<size_t>(need) + 1, '\0');
+  }
+  std::printf("%s\n", value.c_str());
+  return 0;
+}
+
+int layout_set(const std::string& dir, const std::optional<std::string>& chunk_size,
+               const std::optional<uint32_t>& stripe_count) {
+  std::string spec;
+  if (chunk_size) spec += "chunk_size=" + *chunk_size;
+  if (stripe_count) spec += std::string(spec.empty() ? "" : " ") + "stripe_count=" + std::to_string(*stripe_count);
+  if (spec.empty()) return fail("layout set: give --chunk-size and/or --stripe-count");
+  // Check here so that a bad value gets a reason, not just EINVAL from setxattr.
+  auto parsed = penstock::client::parse_layout_spec(spec);
+  if (!parsed.has_value()) return fail("layout set: " + parsed.error().message());
+  const std::string name(kLayoutXattr);
+  if (setxattr(dir.c_str(), name.c_str(), spec.data(), spec.size(), 0) != 0) {
+    const int err = errno;
+    if (err == ENOTDIR) return fail(dir + ": layouts are set on directories; files keep theirs");
+    return fail(xattr_error(dir, err));
+  }
+  return layout_get(dir);
+}
+
+penstock::Result<std::unique_ptr<penstock::client::Client>> connect(const std::string& meta) {
+  penstock::client::ClientOptions opts;
+  opts.meta_address = meta;
+  opts.register_session = false;
+  opts.io_threads = 1;
+  opts.connections_per_server = 1;
+  opts.client_name = "penstock-cli";
+  return penstock::client::Client::connect(opts);
+}
+
+int status(const std::string& meta) {
+  auto c = connect(meta);
+  if (!c.has_value()) return fail(c.error().message());
+  auto map = (*c)->get_cluster_map();
+  if (!map.has_value()) return fail("cluster map: " + map.error().to_string());
+  std::printf("meta     %s\ncluster map version %llu\n\n", meta.c_str(),
+              static_cast<unsigned long long>(map->version));
+  std::printf("NODES (%zu)\n  %-6s %-24s %s\n", map->nodes.size(), "ID", "ADDRESS", "STATE");
+  for (const auto& n : map->nodes) {
+    std::printf("  %-6llu %-24s %s\n", static_cast<unsigned long long>(n.id.value), n.address.c_str(),
+                n.online ? "online" : "OFFLINE");
+  }
+  std::printf("\nTARGETS (%zu)\n  %-6s %-6s %-12s %-12s %-8s %s\n", map->targets.size(), "ID", "NODE", "CAPACITY",
+              "FREE", "STATE", "PATH");
+  for (const auto& t : map->targets) {
+    std::printf("  %-6llu %-6llu %-12s %-12s %-8s %s\n", static_cast<unsigned long long>(t.id.value),
+                static_cast<unsigned long long>(t.node.value), human(t.capacity_bytes).c_str(),
+                human(t.free_bytes).c_str(), t.online ? "online" : "OFFLINE", t.path.c_str());
+  }
+  std::printf("\nCHAINS (%zu)\n  %-6s %s\n", map->chains.size(), "ID", "TARGETS (head first)");
+  for (const auto& ch : map->chains) {
+    std::string targets;
+    for (const auto& t : ch.targets) targets += (targets.empty() ? "" : ",") + t.to_string();
+    std::printf("  %-6llu %s\n", static_cast<unsigned long long>(ch.id.value), targets.c_str());
+  }
+  return 0;
+}
+
+int df(const std::string& meta) {
+  auto c = connect(meta);
+  if (!c.has_value()) return fail(c.error().message());
+  auto r = (*c)->statfs();
+  if (!r.has_value()) return fail("statfs: " + r.error().to_string());
+  const uint64_t used = r->total_bytes >= r->free_bytes ? r->total_bytes - r->free_bytes : 0;
+  const double pct = r->total_bytes == 0 ? 0.0 : 100.0 * static_cast<double>(used) / static_cast<double>(r->total_bytes);
+  std::printf("%-24s %12s %12s %12s %5s %14s %14s\n", "Filesystem", "Size", "Used", "Avail", "Use%", "Inodes",
+              "IUsed");
+  std::printf("%-24s %12s %12s %12s %4.0f%% %14llu %14llu\n", ("penstock:" + meta).c_str(),
+              human(r->total_bytes).c_str(), human(used).c_str(), human(r->free_bytes).c_str(), pct,
+              static_cast<unsigned long long>(r->total_inodes), static_cast<unsigned long long>(r->used_inodes));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  penstock::set_log_level(penstock::LogLevel::kWarn);
+  penstock::set_log_component("cli");
+  CLI::App app{"penstock: administer a Penstock file system (cluster status, space, directory layouts)."};
+  app.require_subcommand(1);
+
+  auto* layout = app.add_subcommand("layout", "show or set file and directory layouts (on a mounted path)");
+  layout->require_subcommand(1);
+  std::string get_path;
+  auto* lget = layout->add_subcommand("get", "print the layout of a file or directory on a penstock mount");
+  lget->add_option("PATH", get_path, "a file or directory on a penstock mount")->required();
+  std::string set_dir;
+  std::optional<std::string> chunk_size;
+  std::optional<uint32_t> stripe_count;
+  auto* lset = layout->add_subcommand("set", "set the layout new files in a directory get");
+  lset->add_option("DIR", set_dir, "a directory on a penstock mount")->required();
+  lset->add_option("--chunk-size", chunk_size, "chunk size, a power of two from 64K to 64M (e.g. 1M, 4M)");
+  lset->add_option("--stripe-count", stripe_count, "how many chains each new file spreads over (0 = all)");
+
+  std::string meta = "127.0.0.1:7600";
+  auto* st = app.add_subcommand("status", "show the cluster map: data servers, targets, chains");
+  st->add_option("--meta", meta, "penstock-meta address host:port")->capture_default_str();
+  auto* dfc = app.add_subcommand("df", "show space and inode usage of the file system");
+  dfc->add_option("--meta", meta, "penstock-meta address host:port")->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+  if (lget->parsed()) return layout_get(get_path);
+  if (lset->parsed()) return layout_set(set_dir, chunk_size, stripe_count);
+  if (st->parsed()) return status(meta);
+  if (dfc->parsed()) return df(meta);
+  return fail("no command given; see --help");
+}
