@@ -257,13 +257,12 @@ Status MetaService::load() {
   }));
 
   Status st;
-  PENSTOCK_RETURN_IF_ERROR(store_->scan(schema::kNodePrefix, "", [&](std::string_view key, std::string_view value) {
+  PENSTOCK_RETURN_IF_ERROR(store_->scan(schema::kNodePrefix, "", [&](std::string_view, std::string_view value) {
     auto rec = schema::decode_record<schema::NodeRecord>(value, "node");
     if (!rec.has_value()) {
       st = rec.error();
       return false;
     }
-    (void)key;
     nodes_[rec->id.value] = NodeState{std::move(*rec), false, 0};
     return true;
   }));

@@ -621,7 +621,40 @@ std::string Cluster::log_tails(int lines) const {
     return ::testing::AssertionFailure() << "still mounted below " << dir_ << " after down:\n"
                                          << r.output;
   }
+  std::string reports = new_sanitizer_reports();
+  if (!reports.empty()) {
+    return ::testing::AssertionFailure() << "a daemon reported a sanitizer error:\n" << reports;
+  }
   return ::testing::AssertionSuccess();
+}
+
+std::string Cluster::new_sanitizer_reports() {
+  static const char* const kMarkers[] = {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
+                                         "runtime error:", "WARNING: ThreadSanitizer"};
+  std::string out;
+  std::error_code ec;
+  std::vector<fs::path> logs;
+  for (const auto& e : fs::directory_iterator(state_ + "/logs", ec)) {
+    logs.push_back(e.path());
+  }
+  std::sort(logs.begin(), logs.end());
+  for (const auto& path : logs) {
+    std::ifstream in(path, std::ios::binary);
+    uintmax_t& done = log_scanned_[path.string()];
+    in.seekg(static_cast<std::streamoff>(done));
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    done += text.size();
+    for (const char* marker : kMarkers) {
+      size_t at = text.find(marker);
+      if (at != std::string::npos) {
+        size_t from = text.rfind('\n', at);
+        from = from == std::string::npos ? 0 : from + 1;
+        out += "---- " + path.string() + " ----\n" + text.substr(from, 6000) + "\n";
+        break;
+      }
+    }
+  }
+  return out;
 }
 
 ::testing::AssertionResult Cluster::restart() {

@@ -17,6 +17,8 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -66,7 +68,8 @@ class Cluster {
   // restart) and mounts it at mount_path(). Mounts added with add_mount() before a down() are
   // mounted again. On failure the message holds local-cluster's output and the logs' tails.
   ::testing::AssertionResult up();
-  // Unmounts everything and stops every process of this cluster. Idempotent.
+  // Unmounts everything and stops every process of this cluster. Idempotent. Fails as well when a
+  // daemon's log holds a sanitizer report (ASan, LSan, UBSan) written since the last down().
   ::testing::AssertionResult down();
   // down() + up(): same state, same ports, same mount points.
   ::testing::AssertionResult restart();
@@ -91,6 +94,8 @@ class Cluster {
 
  private:
   ::testing::AssertionResult start_mount(const std::string& path);
+  // Sanitizer reports in the logs since the last scan; "" if none.
+  std::string new_sanitizer_reports();
 
   ClusterOptions options_;
   std::string dir_;    // mkdtemp directory owning everything below
@@ -100,6 +105,7 @@ class Cluster {
   int port_base_ = 0;
   bool running_ = false;
   int registry_slot_ = -1;
+  std::map<std::string, uintmax_t> log_scanned_;  // log path -> bytes already scanned
 };
 
 // A gtest environment owning one shared cluster for a whole test binary (tests that only need a

@@ -25,7 +25,7 @@ struct Options {
   bool json = false;
   bool drop_caches = false;
   uint64_t seed = 1;
-  bool keep = false;  // train-small, meta: keep the files made
+  bool keep = false;  // train-small: keep the files it made
   // Checkpoints (ckpt-write, ckpt-restore, restore-fanout, mixed).
   int ranks = 4;
   uint64_t size = 1ULL << 30;

@@ -21,6 +21,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -63,6 +64,9 @@ struct Pending {
   Clock::time_point deadline;
   bool in_write = false;   // its frame is part of the async_write in progress
   bool receiving = false;  // its response bulk is being read into bulk_in
+  // A response that arrived while the request was still being written (only a misbehaving server
+  // answers before it read the whole request): held until the write no longer uses bulk_out.
+  std::optional<Result<CallReply>> early;
 };
 
 struct WriteItem {
@@ -213,14 +217,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void on_written(error_code ec) {
+    std::vector<std::pair<CallCallback, Result<CallReply>>> early;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto& item : batch_) {
         auto it = pending_.find(item.id);
-        if (it != pending_.end()) it->second.in_write = false;
+        if (it == pending_.end()) continue;
+        it->second.in_write = false;
+        if (it->second.early.has_value()) {
+          early.emplace_back(std::move(it->second.done), std::move(*it->second.early));
+          pending_.erase(it);
+        }
       }
     }
     batch_.clear();
+    for (auto& [done, reply] : early) done(std::move(reply));
     writing_ = false;
     if (is_closed()) return;
     if (ec) {
@@ -315,20 +326,25 @@ class Connection : public std::enable_shared_from_this<Connection> {
         }
       }
       if (!known) continue;
+      Result<CallReply> reply = header->status != 0
+                                    ? Result<CallReply>(Status(static_cast<Code>(header->status), std::move(message)))
+                                    : Result<CallReply>(CallReply{std::move(message), bulk_len});
+      message = std::string();
       CallCallback done;
       {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = pending_.find(id);
         if (it == pending_.end()) continue;  // cannot happen for a receiving call; harmless otherwise
+        it->second.receiving = false;
+        if (it->second.in_write) {
+          if (it->second.early.has_value()) continue;  // a duplicate response: the first one wins
+          it->second.early.emplace(std::move(reply));
+          continue;
+        }
         done = std::move(it->second.done);
         pending_.erase(it);
       }
-      if (header->status != 0) {
-        done(Status(static_cast<Code>(header->status), std::move(message)));
-      } else {
-        done(CallReply{std::move(message), bulk_len});
-      }
-      message = std::string();
+      done(std::move(reply));
     }
   }
 

@@ -572,6 +572,30 @@ TEST_F(RpcTest, ResponseFrameSentToServerClosesTheConnection) {
   expect_echo_works();
 }
 
+TEST(RpcChannelTest, ConnectTimeoutWhenTheListenerNeverAnswers) {
+  // A listener with a full accept queue drops new SYNs, so a connect hangs until our timeout.
+  asio::io_context io;
+  tcp::acceptor listener(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  listener.listen(0);
+  const uint16_t port = listener.local_endpoint().port();
+  tcp::socket filler(io);
+  filler.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));  // fills the queue
+
+  net::IoRuntime runtime(1);
+  auto channel = net::make_tcp_channel(runtime, net::Endpoint{"127.0.0.1", port}, net::TcpOptions{300ms, 1});
+  rpc::RpcClient client(channel, 5s);
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = client.call<Echo>(EchoReq{});
+  auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), Code::kUnavailable) << r.error().to_string();
+  EXPECT_NE(r.error().message().find("cannot connect to 127.0.0.1:" + std::to_string(port) + ": timed out after 300 ms"),
+            std::string::npos)
+      << r.error().message();
+  EXPECT_GE(took, 290ms);
+  EXPECT_LT(took, 1500ms);
+}
+
 TEST(RpcServerTest, ConnectionsOverMaxAreRefused) {
   auto server = start_server(0, 2);
   RawPeer a(server->port());
