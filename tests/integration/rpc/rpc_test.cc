@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <string>
@@ -594,6 +595,138 @@ TEST(RpcChannelTest, ConnectTimeoutWhenTheListenerNeverAnswers) {
       << r.error().message();
   EXPECT_GE(took, 290ms);
   EXPECT_LT(took, 1500ms);
+}
+
+// A fake server on a raw socket: accepts one connection, reads one request frame and answers with
+// whatever `respond` writes. Lets the client be tested against misbehaving servers.
+class FakeServer {
+ public:
+  using Respond = std::function<void(tcp::socket&, const proto::FrameHeader& request)>;
+
+  explicit FakeServer(Respond respond)
+      : acceptor_(io_, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)), respond_(std::move(respond)) {
+    port_ = acceptor_.local_endpoint().port();
+    thread_ = std::thread([this] {
+      boost::system::error_code ec;
+      tcp::socket s(io_);
+      acceptor_.accept(s, ec);
+      if (ec) return;
+      std::array<uint8_t, proto::kFrameHeaderSize> hb{};
+      asio::read(s, asio::buffer(hb), ec);
+      if (ec) return;
+      auto h = proto::decode_header(hb);
+      if (!h.has_value()) return;
+      std::vector<uint8_t> rest(static_cast<size_t>(h->message_len) + h->bulk_len);
+      asio::read(s, asio::buffer(rest), ec);
+      if (ec) return;
+      respond_(s, *h);
+      // Hold the connection until the client closes it.
+      uint8_t b;
+      s.read_some(asio::buffer(&b, 1), ec);
+    });
+  }
+  ~FakeServer() {
+    boost::system::error_code ec;
+    acceptor_.close(ec);
+    thread_.join();
+  }
+  uint16_t port() const { return port_; }
+
+  static void send_response(tcp::socket& s, uint64_t id, uint32_t status, const std::string& msg,
+                            const std::vector<uint8_t>& bulk) {
+    proto::FrameHeader h;
+    h.kind = proto::FrameKind::kResponse;
+    h.service = ServiceId::kData;
+    h.method = Echo::kId;
+    h.status = status;
+    h.request_id = id;
+    h.message_len = static_cast<uint32_t>(msg.size());
+    h.bulk_len = static_cast<uint32_t>(bulk.size());
+    auto hb = proto::encode_header(h);
+    boost::system::error_code ec;
+    asio::write(s, std::array<asio::const_buffer, 3>{asio::buffer(hb), asio::buffer(msg), asio::buffer(bulk)}, ec);
+  }
+
+ private:
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  uint16_t port_ = 0;
+  Respond respond_;
+  std::thread thread_;
+};
+
+Result<EchoResp> call_fake(uint16_t port, std::span<uint8_t> bulk_in, uint32_t* received = nullptr) {
+  net::IoRuntime runtime(1);
+  auto channel = net::make_tcp_channel(runtime, net::Endpoint{"127.0.0.1", port}, net::TcpOptions{1000ms, 1});
+  rpc::RpcClient client(channel, 3s);
+  rpc::CallOptions opts;
+  opts.bulk_in = bulk_in;
+  opts.bulk_received = received;
+  EchoReq req;
+  req.text = "hi";
+  auto r = client.call<Echo>(req, opts);
+  channel.reset();
+  return r;
+}
+
+TEST(RpcChannelTest, GarbageFromServerIsProtocolError) {
+  FakeServer server([](tcp::socket& s, const proto::FrameHeader&) {
+    std::string garbage(40, '\x5a');
+    boost::system::error_code ec;
+    asio::write(s, asio::buffer(garbage), ec);
+  });
+  auto r = call_fake(server.port(), {});
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), Code::kProtocol) << r.error().to_string();
+}
+
+TEST(RpcChannelTest, RequestFrameFromServerIsProtocolError) {
+  FakeServer server([](tcp::socket& s, const proto::FrameHeader& req) {
+    auto hb = proto::encode_header(req);  // echoes the request header back: kind is request
+    boost::system::error_code ec;
+    asio::write(s, asio::buffer(hb), ec);
+  });
+  auto r = call_fake(server.port(), {});
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), Code::kProtocol) << r.error().to_string();
+}
+
+TEST(RpcChannelTest, ServerClosingMidCallIsUnavailableNamingTheServer) {
+  FakeServer server([](tcp::socket& s, const proto::FrameHeader&) {
+    boost::system::error_code ec;
+    s.close(ec);
+  });
+  auto r = call_fake(server.port(), {});
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), Code::kUnavailable) << r.error().to_string();
+  EXPECT_NE(r.error().message().find("127.0.0.1:" + std::to_string(server.port())), std::string::npos);
+}
+
+TEST(RpcChannelTest, ResponseForUnknownIdIsDiscardedWithItsBulk) {
+  FakeServer server([](tcp::socket& s, const proto::FrameHeader& req) {
+    FakeServer::send_response(s, req.request_id + 1000, 0, "junk", std::vector<uint8_t>(100000, 0xEE));
+    FakeServer::send_response(s, req.request_id, 0, proto::encode(EchoResp{"hi", 0}), {1, 2, 3});
+  });
+  std::vector<uint8_t> in(10, 0);
+  uint32_t received = 0;
+  auto r = call_fake(server.port(), in, &received);
+  ASSERT_TRUE(r.has_value()) << r.error().to_string();
+  EXPECT_EQ(r->text, "hi");
+  ASSERT_EQ(received, 3u);
+  EXPECT_EQ(in, (std::vector<uint8_t>{1, 2, 3, 0, 0, 0, 0, 0, 0, 0}));
+}
+
+TEST(RpcChannelTest, ErrorResponseWithBulkKeepsCallerBufferUntouched) {
+  FakeServer server([](tcp::socket& s, const proto::FrameHeader& req) {
+    FakeServer::send_response(s, req.request_id, static_cast<uint32_t>(Code::kCorrupt), "block 3 bad",
+                              std::vector<uint8_t>(8, 0xEE));
+  });
+  std::vector<uint8_t> in(10, 0);
+  auto r = call_fake(server.port(), in);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), Code::kCorrupt);
+  EXPECT_NE(r.error().message().find("block 3 bad"), std::string::npos);
+  EXPECT_EQ(in, std::vector<uint8_t>(10, 0));
 }
 
 TEST(RpcServerTest, ConnectionsOverMaxAreRefused) {
