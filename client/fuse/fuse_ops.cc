@@ -391,7 +391,7 @@ void op_flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 }
 
 void op_fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info* fi) {
-  reply_status(req, client_of(req).flush(file_of(fi)->ino), "fsync", ino);
+  reply_status(req, client_of(req).fsync(file_of(fi)->ino, file_of(fi)->layout), "fsync", ino);
 }
 
 void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {

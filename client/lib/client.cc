@@ -485,11 +485,9 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
     tasks[i].what = "write chunk " + std::to_string(plan[i].chunk_index) + " of inode " + ino.to_string();
   }
   {
-    // Mark the chains dirty before writing: even a failed write may have changed bytes there, and
-    // a later fsync must cover them.
+    // A new write makes any flush that started before it stale (see flush()).
     std::lock_guard<std::mutex> lock(files_mu_);
     FileState& fs = files_[ino];
-    for (const auto& p : plan) fs.dirty_chains.insert(p.chain);
     ++fs.seq;
   }
   Status st = fan_out(tasks, [&](size_t i, const Route& route, rpc::RpcClient& rpc, std::function<void(Status)> done) {
@@ -510,7 +508,6 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
 }
 
 Status Client::flush(InodeId ino) {
-  std::vector<ChainId> chains;
   uint64_t written_end = 0;
   int64_t mtime = 0;
   uint64_t seq = 0;
@@ -518,15 +515,30 @@ Status Client::flush(InodeId ino) {
     std::lock_guard<std::mutex> lock(files_mu_);
     auto it = files_.find(ino);
     if (it == files_.end()) return Status::ok();
-    chains.assign(it->second.dirty_chains.begin(), it->second.dirty_chains.end());
     written_end = it->second.written_end;
     mtime = it->second.mtime_ns;
     seq = it->second.seq;
   }
-  // One Sync per target of every chain written: fsync() returns only when every replica has it.
+  // Writes are already on the data servers (visible to every reader); what close-to-open still
+  // needs is the size at the meta server.
+  if (mtime != 0) {
+    auto r = meta_call<meta::ReportSize>(meta::ReportSizeReq{ino, written_end, mtime});
+    if (!r.has_value()) return r.error().with_context("report size of inode " + ino.to_string());
+  }
+  std::lock_guard<std::mutex> lock(files_mu_);
+  auto it = files_.find(ino);
+  // The meta server now knows the size; forget ours unless another write came in meanwhile.
+  if (it != files_.end() && it->second.seq == seq) files_.erase(it);
+  return Status::ok();
+}
+
+Status Client::fsync(InodeId ino, const proto::Layout& layout) {
+  // One Sync per target of every chain of the file, not only the chains this handle wrote: fsync
+  // covers writes made through any descriptor, also ones already closed. Syncing a clean chunk
+  // file costs no I/O on the data server.
   auto current = routes();
   std::vector<DataTask> tasks;
-  for (ChainId chain : chains) {
+  for (ChainId chain : layout.chains) {
     Result<std::vector<Route>> all = current ? current->all_targets(chain)
                                              : Result<std::vector<Route>>(Status(Code::kNotFound, "no map"));
     if (!all.has_value()) {
@@ -548,16 +560,7 @@ Status Client::flush(InodeId ino) {
     rpc.call_async<data::Sync>(data::SyncReq{route.target, ino}, {},
                                [done = std::move(done)](Result<proto::Empty> r) { done(r.status()); });
   }));
-  if (mtime != 0) {
-    auto r = meta_call<meta::ReportSize>(meta::ReportSizeReq{ino, written_end, mtime});
-    if (!r.has_value()) return r.error().with_context("report size of inode " + ino.to_string());
-  }
-  std::lock_guard<std::mutex> lock(files_mu_);
-  auto it = files_.find(ino);
-  // The meta server now knows the size; forget ours unless another write came in meanwhile (then
-  // its chains stay dirty for the next flush).
-  if (it != files_.end() && it->second.seq == seq) files_.erase(it);
-  return Status::ok();
+  return flush(ino);
 }
 
 Status Client::release(InodeId ino) {
@@ -612,8 +615,7 @@ Result<proto::InodeAttr> Client::truncate(InodeId ino, uint64_t size, const prot
   auto r = meta_call<meta::SetAttr>(req);
   if (!r.has_value()) return r.error().with_context("set size of inode " + ino.to_string());
   {
-    // Our written_end is void now; the chains stay dirty (earlier bytes below `size` still need
-    // their Sync at the next flush).
+    // Our written_end is void now: the meta server holds the exact size.
     std::lock_guard<std::mutex> lock(files_mu_);
     auto it = files_.find(ino);
     if (it != files_.end()) {

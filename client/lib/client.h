@@ -6,8 +6,8 @@
 //
 // Consistency it implements (DESIGN.md): a client's own writes are visible to its own reads and
 // getattr (sizes are merged with the highest offset this client wrote and has not yet reported);
-// flush/fsync make the written bytes durable on every replica (Sync) and then report the size to
-// the meta server, so another host's open() afterwards sees data and size (close-to-open).
+// flush (every close) reports the size to the meta server, so another host's open() afterwards sees
+// data and size (close-to-open); fsync first makes the bytes durable on every replica (Sync).
 //
 // Thread-safety: every public method may be called from any number of threads at once. No lock is
 // held across an RPC. Lock order: files_mu_ and routes_mu_ and data_mu_ are leaves (never nested).
@@ -114,9 +114,11 @@ class Client {
   // Writes all of `data` at `offset` (chunks in parallel). On success the bytes are on the data
   // servers (not yet durable) and this client's view of the size covers them.
   Status write(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> data);
-  // Makes this client's writes to `ino` durable on every replica (Sync) and reports the highest
-  // written offset and the mtime to the meta server. Ok at once when nothing was written.
+  // Reports the highest offset this client wrote to `ino`, and the mtime, to the meta server
+  // (close-to-open: another host's open() then sees the size). Ok at once when nothing was written.
   Status flush(InodeId ino);
+  // Makes the file's data durable on every target of every chain of `layout` (Sync), then flush().
+  Status fsync(InodeId ino, const proto::Layout& layout);
   // flush(), then Release at the meta server. Returns the first error; Release runs in any case.
   Status release(InodeId ino);
   // Cuts the file to `size`: data Truncate on every target of every chain of its layout first, then
@@ -128,7 +130,6 @@ class Client {
   struct FileState {
     uint64_t written_end = 0;               // highest offset written and not yet reported
     int64_t mtime_ns = 0;                   // time of the last write
-    std::unordered_set<ChainId> dirty_chains;  // chains written since the last successful flush
     uint64_t seq = 0;                       // bumped on every write
   };
 

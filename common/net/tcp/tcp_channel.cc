@@ -422,7 +422,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     connect_timer_.cancel();
     sweep_timer_.cancel();
     if (!why.is_ok() && why.code() == Code::kProtocol) {
-      PENSTOCK_LOG(Warn) << "closing connection to " << address_ << ": " << why.to_string();
+      PENSTOCK_LOG(Warn) << "closing connection: " << why.to_string();
     }
     const auto now = Clock::now();
     for (auto& [id, p] : failed) {

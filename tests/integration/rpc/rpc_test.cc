@@ -626,8 +626,7 @@ class FakeServer {
     });
   }
   ~FakeServer() {
-    boost::system::error_code ec;
-    acceptor_.close(ec);
+    ::shutdown(acceptor_.native_handle(), SHUT_RDWR);  // wakes a blocked accept (close would not)
     thread_.join();
   }
   uint16_t port() const { return port_; }
