@@ -1,5 +1,5 @@
 // IoRuntime: the io_context and its threads shared by every channel of a process.
-#include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -27,7 +27,7 @@ struct IoRuntime::Impl {
 };
 
 IoRuntime::IoRuntime(int threads) : impl_(std::make_unique<Impl>()) {
-  PENSTOCK_CHECK(threads >= 1);
+  threads = std::max(threads, 1);  // a configured 0 still gets one I/O thread
   impl_->guard.emplace(impl_->io.get_executor());
   impl_->running = threads;
   for (int i = 0; i < threads; ++i) {

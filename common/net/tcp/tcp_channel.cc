@@ -9,9 +9,12 @@
 // Buffer ownership rule: a caller may free bulk_out/bulk_in as soon as its callback ran. So a call is
 // never completed while an I/O operation may still touch its buffers: the sweep skips calls marked
 // in_write (their frame is inside the current async_write) or receiving (their bulk is being read
-// into bulk_in); if such a call is overdue the connection is closed instead, which aborts the
-// operation synchronously on the strand, and then the call completes with kTimeout. A response
-// whose call is gone (timed out) has its bulk read into a scratch buffer and dropped.
+// into bulk_in). Such a call completes when its operation ends (with the response when that was the
+// read, with kTimeout at the next sweep when it was the write); if it is still stuck kStallGrace
+// past its deadline, the connection is closed, which aborts the operation synchronously on the
+// strand, and the call completes with kTimeout. A response
+// whose call is gone (timed out) has its bulk read into a scratch buffer and dropped. A response
+// that arrives while its own request is still being written is held until the write completed.
 //
 // Lock order: TcpChannel::mu_ before Connection::mu_. Callbacks never run under either lock.
 #include <algorithm>
@@ -57,6 +60,9 @@ using Strand = asio::strand<asio::io_context::executor_type>;
 constexpr size_t kMaxBatch = 64;                         // frames per gathered write
 constexpr auto kSweepPeriod = std::chrono::milliseconds(5);  // deadline resolution
 constexpr size_t kScratchBytes = 64 << 10;               // discarding late bulk
+// How long past its deadline a call may wait for the write or bulk read it is part of before the
+// connection is declared stalled and closed.
+constexpr auto kStallGrace = std::chrono::seconds(1);
 
 struct Pending {
   CallCallback done;
@@ -381,7 +387,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
           Pending& p = it->second;
           if (now >= p.deadline) {
             if (p.in_write || p.receiving) {
-              stuck = true;  // cannot complete while the socket may touch its buffers
+              // Cannot complete while the socket may touch its buffers. Usually the operation ends
+              // within moments (and the call then completes normally); a peer that stalls it is
+              // cut off once the grace period passed.
+              if (now >= p.deadline + kStallGrace) stuck = true;
             } else {
               expired_.push_back(std::move(p.done));
               it = pending_.erase(it);
