@@ -88,7 +88,7 @@ class Encoder {
       if (v) put(*v);
     } else {
       static_assert(Message<T>, "type has no wire encoding");
-      v.visit_fields([this](const auto&... f) { (put(f), ...); });
+      v.visit_fields([&](const auto&... f) { (put(f), ...); });
     }
   }
 
