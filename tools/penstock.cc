@@ -101,10 +101,17 @@ int status(const std::string& meta) {
   if (!map.has_value()) return fail("cluster map: " + map.error().to_string());
   std::printf("meta     %s\ncluster map version %llu\n\n", meta.c_str(),
               static_cast<unsigned long long>(map->version));
-  std::printf("NODES (%zu)\n  %-6s %-24s %s\n", map->nodes.size(), "ID", "ADDRESS", "STATE");
+  std::printf("NODES (%zu)\n  %-6s %-24s %-8s %s\n", map->nodes.size(), "ID", "ADDRESS", "STATE", "TRANSPORT");
   for (const auto& n : map->nodes) {
-    std::printf("  %-6llu %-24s %s\n", static_cast<unsigned long long>(n.id.value), n.address.c_str(),
-                n.online ? "online" : "OFFLINE");
+    // The transport this host's connection to the node uses (auto selection: RDMA when a device
+    // reaches it and it accepts RDMA, else TCP).
+    std::string transport = "-";
+    if (n.online) {
+      auto t = (*c)->data_transport(n.address);
+      transport = t.has_value() ? t->substr(0, t->find(' ')) : "unreachable";
+    }
+    std::printf("  %-6llu %-24s %-8s %s\n", static_cast<unsigned long long>(n.id.value), n.address.c_str(),
+                n.online ? "online" : "OFFLINE", transport.c_str());
   }
   std::printf("\nTARGETS (%zu)\n  %-6s %-6s %-12s %-12s %-8s %s\n", map->targets.size(), "ID", "NODE", "CAPACITY",
               "FREE", "STATE", "PATH");

@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
       "      deploy/mount.fuse.penstock for `mount -t fuse.penstock` and fstab)\n"
       "Unmount with `fusermount3 -u MOUNTPOINT` (or umount as root)."};
   app.set_config("--config", "", "read options from a TOML file (keys: meta, threads, clone-fd, "
-                                 "foreground, log-level, log-file)");
+                                 "foreground, log-level, log-file, transport)");
   app.add_option("--meta", s.meta, "penstock-meta address host:port")->capture_default_str();
   app.add_flag("-f,--foreground", s.foreground, "stay in the foreground, logging to stderr");
   app.add_option("--threads", s.threads, "most FUSE worker threads")->check(CLI::Range(1, 1024))->capture_default_str();
@@ -120,8 +120,14 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
       ->capture_default_str();
   app.add_option("--log-file", s.log_file, "append logs to FILE once daemonized (default: discarded)");
+  app.add_option("--transport", s.transport,
+                 "to data servers: auto (RDMA when an RDMA device reaches the server and it accepts RDMA, "
+                 "else TCP), rdma or tcp; the log says which each connection uses")
+      ->check(CLI::IsMember({"auto", "rdma", "tcp"}))
+      ->capture_default_str();
   app.add_option("-o", option_lists,
-                 "mount options: meta=HOST:PORT, threads=N, clone_fd, log_level=L, log_file=F, ro; the "
+                 "mount options: meta=HOST:PORT, threads=N, clone_fd, log_level=L, log_file=F, ro, "
+                 "transport=auto|rdma|tcp; the "
                  "generic rw, defaults, nodev, nosuid, noatime, _netdev, allow_other, ... are accepted")
       ->allow_extra_args(false);
   app.add_option("args", positionals, "[META_ADDR] MOUNTPOINT")->required()->expected(1, 2);
@@ -167,6 +173,9 @@ int main(int argc, char** argv) {
   copts.meta_address = s.meta;
   copts.client_name = "penstock-mount " + mountpoint;
   copts.io_threads = 2;
+  auto transport = penstock::net::parse_transport(s.transport);
+  if (!transport.has_value()) die(transport.error().message());
+  copts.transport = *transport;
   auto connected = penstock::client::Client::connect(copts);
   if (!connected.has_value()) {
     const Status& st = connected.error();
@@ -183,6 +192,8 @@ int main(int argc, char** argv) {
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(fuse_argv.size()), fuse_argv.data());
   const fuse_lowlevel_ops& ops = penstock::fuse::penstock_ops();
   fuse_session* se = fuse_session_new(&args, &ops, sizeof(ops), &state);
+  // fuse_session_new may have rewritten args into heap memory that is ours to free.
+  fuse_opt_free_args(&args);
   if (se == nullptr) {
     client->shutdown();
     die("cannot create the FUSE session (see the message above)");

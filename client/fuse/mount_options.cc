@@ -67,6 +67,12 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
     } else if (key == "log_file") {
       PENSTOCK_RETURN_IF_ERROR(need_value());
       s->log_file = std::string(value);
+    } else if (key == "transport") {
+      PENSTOCK_RETURN_IF_ERROR(need_value());
+      if (value != "auto" && value != "rdma" && value != "tcp") {
+        return bad("mount option transport=" + std::string(value) + " is not auto, rdma or tcp");
+      }
+      s->transport = std::string(value);
     } else if (key.starts_with("x-")) {
       continue;
     } else {
@@ -74,7 +80,7 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
       for (std::string_view known : kIgnored) ignored = ignored || key == known;
       if (!ignored) {
         return bad("unknown mount option '" + std::string(opt) +
-                   "' (penstock options: meta=, threads=, clone_fd, log_level=, log_file=, ro)");
+                   "' (penstock options: meta=, threads=, clone_fd, log_level=, log_file=, ro, transport=)");
       }
       if (key == "rw") s->read_only = false;
     }

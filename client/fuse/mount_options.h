@@ -19,14 +19,15 @@ struct MountSettings {
   bool read_only = false;      // mount read-only ("ro")
   std::string log_level = "info";
   std::string log_file;        // where logs go once daemonized (default: discarded)
+  std::string transport = "auto";  // to data servers: auto | rdma | tcp (metadata always TCP)
 };
 
 // Applies a comma-separated option list to `s`. Penstock options: meta=HOST:PORT, threads=N,
-// clone_fd, log_level=LEVEL, log_file=PATH, foreground, ro. Accepted and ignored (mount(8) and
-// fstab pass them; their effect is built in or handled by mount(8)): rw, defaults, nodev, nosuid,
-// dev, suid, exec, noexec, noatime, relatime, atime, auto, noauto, user, nouser, users, nofail,
-// _netdev, allow_other, default_permissions, x-* (systemd). kInvalid names an unknown option or a
-// bad value.
+// clone_fd, log_level=LEVEL, log_file=PATH, foreground, ro, transport=auto|rdma|tcp. Accepted and
+// ignored (mount(8) and fstab pass them; their effect is built in or handled by mount(8)): rw,
+// defaults, nodev, nosuid, dev, suid, exec, noexec, noatime, relatime, atime, auto, noauto, user,
+// nouser, users, nofail, _netdev, allow_other, default_permissions, x-* (systemd). kInvalid names
+// an unknown option or a bad value.
 Status apply_mount_options(std::string_view list, MountSettings* s);
 
 }  // namespace penstock::fuse

@@ -353,14 +353,25 @@ Result<std::shared_ptr<rpc::RpcClient>> Client::data_client(const std::string& a
   }
   auto ep = net::Endpoint::parse(address);
   if (!ep.has_value()) return ep.error().with_context("data server address in the cluster map");
-  net::TcpOptions tcp;
-  tcp.connect_timeout = options_.connect_timeout;
-  tcp.connections = std::max(1, options_.connections_per_server);
-  auto fresh = std::make_shared<rpc::RpcClient>(net::make_tcp_channel(*runtime_, std::move(ep).value(), tcp),
-                                                options_.call_timeout);
+  net::ChannelOptions copts;
+  copts.transport = options_.transport;
+  copts.tcp.connect_timeout = options_.connect_timeout;
+  copts.tcp.connections = std::max(1, options_.connections_per_server);
+  copts.rdma.connect_timeout = options_.connect_timeout;
+  auto channel = net::make_channel(*runtime_, *ep, copts);
+  if (!channel.has_value()) return channel.error().with_context("data server " + address);
+  auto fresh = std::make_shared<rpc::RpcClient>(std::move(channel).value(), options_.call_timeout);
   std::lock_guard<std::mutex> lock(data_mu_);
   auto [it, inserted] = data_clients_.emplace(address, std::move(fresh));
+  if (inserted) {
+    PENSTOCK_LOG(Info) << "data server " << address << ": " << it->second->channel()->describe();
+  }
   return it->second;
+}
+
+Result<std::string> Client::data_transport(const std::string& address) {
+  PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<rpc::RpcClient> rpc, data_client(address));
+  return rpc->channel()->describe();
 }
 
 Result<Route> Client::resolve(const ClusterRoutes& routes, const DataTask& task) const {

@@ -30,6 +30,7 @@
 #include "client/lib/io_plan.h"
 #include "common/base/result.h"
 #include "common/net/endpoint.h"
+#include "common/net/channel_factory.h"
 #include "common/net/transport.h"
 #include "common/proto/data_service.h"
 #include "common/proto/meta_service.h"
@@ -43,6 +44,9 @@ struct ClientOptions {
   std::chrono::milliseconds call_timeout{10000};    // default deadline of every other RPC
   int io_threads = 2;                               // transport I/O threads
   int connections_per_server = 2;                   // TCP sockets per server
+  // Data servers: auto (RDMA when a device reaches the server and it accepts RDMA, else TCP),
+  // rdma or tcp. Metadata RPC always uses TCP.
+  net::TransportKind transport = net::TransportKind::kAuto;
   bool register_session = true;  // false for one-shot tools (status, df): no session, no heartbeat
   std::string client_name = "penstock";  // shown in the meta server's session table
 };
@@ -103,6 +107,9 @@ class Client {
   // Applies a parsed layout xattr value to a directory: keys not given keep their current value.
   Status set_layout_text(InodeId dir, const std::string& text);
   Result<proto::ClusterMap> get_cluster_map();
+  // The connection to the data server at `address` (host:port), made now if there is none, as
+  // describe() gives it: "rdma HOST:PORT" or "tcp HOST:PORT". Errors as for any data call.
+  Result<std::string> data_transport(const std::string& address);
 
   // ---- file data ----
   // Reads up to buf.size() bytes at `offset` into buf; returns the byte count up to EOF, where the

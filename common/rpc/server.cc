@@ -38,6 +38,7 @@
 #include <boost/asio/write.hpp>
 
 #include "common/base/log.h"
+#include "common/net/rdma/rdma_transport.h"
 #include "common/proto/frame.h"
 
 namespace penstock::rpc {
@@ -72,6 +73,7 @@ struct HandlerEntry {
 };
 
 struct Response {
+  proto::FrameHeader h;
   std::array<uint8_t, proto::kFrameHeaderSize> header{};
   std::string message;
   std::vector<uint8_t> bulk;
@@ -100,8 +102,21 @@ Response make_response(const proto::FrameHeader& req, Result<std::string> result
   }
   h.message_len = static_cast<uint32_t>(r.message.size());
   h.bulk_len = static_cast<uint32_t>(r.bulk.size());
+  r.h = h;
   r.header = proto::encode_header(h);
   return r;
+}
+
+// Runs a handler; an exception becomes kInternal (handlers should not throw, but one must not take
+// the server down).
+Result<std::string> invoke(const HandlerEntry& entry, std::span<const uint8_t> message, RequestContext& ctx) {
+  try {
+    return entry.fn(message, ctx);
+  } catch (const std::exception& e) {
+    return Status(Code::kInternal, "handler " + entry.name + " threw: " + e.what());
+  } catch (...) {
+    return Status(Code::kInternal, "handler " + entry.name + " threw a non-standard exception");
+  }
 }
 
 }  // namespace
@@ -117,6 +132,9 @@ struct ServerState {
     conns.erase(conn);
   }
   asio::awaitable<void> accept_loop();
+  // RDMA listener thread: looks the handler up and runs it on the worker pool.
+  void dispatch_rdma(std::shared_ptr<net::RdmaRequest> req);
+  Status start_rdma();
 
   ServerOptions options;
   std::unordered_map<uint32_t, HandlerEntry> handlers;  // frozen by start()
@@ -127,6 +145,7 @@ struct ServerState {
   std::unique_ptr<asio::thread_pool> workers;
   std::vector<std::thread> threads;
   uint16_t port = 0;
+  std::unique_ptr<net::RdmaListener> rdma;  // set by start() when listening for RDMA
 
   std::mutex mu;                 // leaf
   bool started = false;          // guarded by mu
@@ -238,15 +257,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   // Worker thread.
   void run_handler(const HandlerEntry& entry, Incoming in, uint64_t bytes) {
     RequestContext ctx(in.bulk, peer_);
-    Result<std::string> result = [&]() -> Result<std::string> {
-      try {
-        return entry.fn(in.message, ctx);
-      } catch (const std::exception& e) {
-        return Status(Code::kInternal, "handler " + entry.name + " threw: " + e.what());
-      } catch (...) {
-        return Status(Code::kInternal, "handler " + entry.name + " threw a non-standard exception");
-      }
-    }();
+    Result<std::string> result = invoke(entry, in.message, ctx);
     if (!result.has_value() && result.error().code() == Code::kProtocol) {
       PENSTOCK_LOG(Warn) << "closing connection from " << peer_ << " after an undecodable " << entry.name
                          << " request: " << result.error().message();
@@ -373,6 +384,49 @@ asio::awaitable<void> ServerState::accept_loop() {
   }
 }
 
+void ServerState::dispatch_rdma(std::shared_ptr<net::RdmaRequest> req) {
+  const proto::FrameHeader& h = req->header();
+  auto it = handlers.find(handler_key(h.service, h.method));
+  if (it == handlers.end()) {
+    Response r = make_response(h,
+                               Status(Code::kNotSupported, "unknown method " + std::to_string(h.method) +
+                                                               " of service " + service_name(h.service)),
+                               {});
+    req->reply(r.h.status, std::move(r.message), {}, false);
+    return;
+  }
+  const HandlerEntry* entry = &it->second;
+  asio::post(*workers, [entry, req = std::move(req)] {
+    RequestContext ctx(req->bulk(), "rdma " + req->peer());
+    Result<std::string> result = invoke(*entry, req->message(), ctx);
+    if (!result.has_value() && result.error().code() == Code::kProtocol) {
+      PENSTOCK_LOG(Warn) << "closing rdma connection from " << req->peer() << " after an undecodable " << entry->name
+                         << " request: " << result.error().message();
+    }
+    Response r = make_response(req->header(), std::move(result), std::move(ctx.bulk_out()));
+    req->reply(r.h.status, std::move(r.message), std::move(r.bulk), r.close_after);
+  });
+}
+
+Status ServerState::start_rdma() {
+  if (options.rdma == RdmaMode::kOff) return Status::ok();
+  if (options.rdma == RdmaMode::kAuto && !net::rdma_device_present()) {
+    PENSTOCK_LOG(Debug) << "no RDMA device: serving TCP only";
+    return Status::ok();
+  }
+  net::RdmaServerOptions ro;
+  ro.listen = net::Endpoint{options.listen.host, options.rdma_port != 0 ? options.rdma_port : port};
+  ro.max_connections = options.max_connections;
+  auto l = net::RdmaListener::start(ro, [this](std::shared_ptr<net::RdmaRequest> req) { dispatch_rdma(std::move(req)); });
+  if (!l.has_value()) {
+    if (options.rdma == RdmaMode::kOn) return l.error();
+    PENSTOCK_LOG(Warn) << l.error().to_string() << "; serving TCP only";
+    return Status::ok();
+  }
+  rdma = std::move(l).value();
+  return Status::ok();
+}
+
 RpcServer::RpcServer(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 
 RpcServer::~RpcServer() { stop(); }
@@ -422,11 +476,19 @@ Status RpcServer::start() {
   s.port = s.acceptor.local_endpoint(ec).port();
   if (ec) return fail("local_endpoint", ec);
 
+  s.workers = std::make_unique<asio::thread_pool>(static_cast<size_t>(std::max(1, s.options.worker_threads)));
+  Status rdma_status = s.start_rdma();
+  if (!rdma_status.is_ok()) {
+    s.workers->join();
+    s.workers.reset();
+    error_code ignored;
+    s.acceptor.close(ignored);
+    return rdma_status;
+  }
   {
     std::lock_guard<std::mutex> lock(s.mu);
     s.started = true;
   }
-  s.workers = std::make_unique<asio::thread_pool>(static_cast<size_t>(std::max(1, s.options.worker_threads)));
   s.guard.emplace(s.io.get_executor());
   asio::co_spawn(s.accept_strand, s.accept_loop(), asio::detached);
   for (int i = 0; i < std::max(1, s.options.io_threads); ++i) {
@@ -437,6 +499,8 @@ Status RpcServer::start() {
 }
 
 uint16_t RpcServer::port() const { return impl_->port; }
+
+uint16_t RpcServer::rdma_port() const { return impl_->rdma ? impl_->rdma->port() : 0; }
 
 void RpcServer::stop() {
   Impl& s = *impl_;
@@ -454,8 +518,10 @@ void RpcServer::stop() {
   });
   for (auto& c : conns) c->shutdown();
   conns.clear();
+  if (s.rdma) s.rdma->stop();  // closes RDMA connections; replies of running handlers are dropped
   // Running handlers finish; their responses are dropped by the closed connections.
   s.workers->join();
+  s.rdma.reset();
   s.guard.reset();
   for (auto& t : s.threads) t.join();
   s.threads.clear();

@@ -1,4 +1,5 @@
-// RpcServer: accepts TCP connections and dispatches requests to typed handlers.
+// RpcServer: accepts TCP (and, when asked, RDMA) connections and dispatches requests to typed
+// handlers. Both transports carry the same frames and reach the same handlers.
 //
 // Each connection reads frames in a loop (many requests in flight per connection); each request
 // runs on a worker pool, so a handler may block on disk or RocksDB; responses are written back as
@@ -40,11 +41,22 @@ class RequestContext {
   std::string peer_;
 };
 
+// Whether an RpcServer also listens for RDMA (common/net/rdma) beside TCP.
+enum class RdmaMode {
+  kOff,   // TCP only
+  kAuto,  // RDMA too when this host has an RDMA device; a failure to listen is logged, TCP goes on
+  kOn,    // RDMA required: start() fails when it cannot listen for RDMA
+};
+
 struct ServerOptions {
   net::Endpoint listen{"127.0.0.1", 0};  // port 0: pick a free port (see port())
   int io_threads = 1;
   int worker_threads = 4;
   uint32_t max_connections = 1024;
+  RdmaMode rdma = RdmaMode::kOff;
+  // The RDMA listener's port on the same host; 0: the TCP port's number (rdma_cm ports are a space
+  // of their own, so one address serves both transports).
+  uint16_t rdma_port = 0;
 };
 
 class RpcServer {
@@ -73,6 +85,8 @@ class RpcServer {
   Status start();
   // The bound port (useful with port 0). REQUIRES: start() succeeded.
   uint16_t port() const;
+  // The RDMA listener's port, 0 when not listening for RDMA. REQUIRES: start() succeeded.
+  uint16_t rdma_port() const;
   // Stops accepting, closes connections, waits for running handlers. Idempotent.
   void stop();
 

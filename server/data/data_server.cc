@@ -64,6 +64,7 @@ Status DataServer::start() {
   so.listen = options_.listen;
   so.worker_threads = std::max(1, options_.workers);
   so.io_threads = std::max(1, options_.io_threads);
+  so.rdma = options_.rdma;
   server_ = std::make_unique<rpc::RpcServer>(so);
   server_->handle<pd::Write>([this](const pd::WriteReq& req, rpc::RequestContext& ctx) {
     return service_.write(req, ctx.bulk_in());

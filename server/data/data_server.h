@@ -40,6 +40,8 @@ struct DataServerOptions {
   int workers = 8;     // RPC handler threads (each does blocking chunk I/O on its own io_uring)
   int io_threads = 2;  // socket threads of the RPC server
   std::chrono::milliseconds meta_timeout{5000};  // per RegisterNode / NodeHeartbeat call
+  // RDMA listener beside TCP, same host and port number: kAuto when this host has an RDMA device.
+  rpc::RdmaMode rdma = rpc::RdmaMode::kAuto;
 };
 
 class DataServer {

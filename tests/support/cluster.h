@@ -71,7 +71,8 @@ class Cluster {
   // Unmounts everything and stops every process of this cluster. Idempotent. Fails as well when a
   // daemon's log holds a sanitizer report (ASan, LSan, UBSan) written since the last down().
   ::testing::AssertionResult down();
-  // down() + up(): same state, same ports, same mount points.
+  // down() + up(): same state, same ports, same mount points. A down() that stopped everything
+  // but reported a problem (a sanitizer report in a log) adds a test failure and goes on.
   ::testing::AssertionResult restart();
   // Mounts the cluster a further time; *path receives the new mount point.
   ::testing::AssertionResult add_mount(std::string* path);
