@@ -34,9 +34,12 @@ constexpr double kNegativeTimeout = 0.0;
 // Close-to-open and size authority at the meta server: attributes (above all the size another host
 // reported at close) are fetched again each time the kernel needs them.
 constexpr double kAttrTimeout = 0.0;
-// Close-to-open: the page cache of a file is dropped at every open, so an open after another
-// host's close() reads that host's bytes. (The writeback cache stays off: see op_init.)
-constexpr bool kKeepCache = false;
+// Close-to-open: the kernel keeps a file's page cache at open (keep_cache) only when the file's
+// generation (bumped by the meta server on every size/data report and truncate) and mtime are
+// those of this mount's previous open of it; otherwise the cache is dropped, so an open after
+// another host's close() reads that host's bytes. The client library's cache follows the same
+// generation (Client::open). (The writeback cache stays off: see op_init.)
+constexpr bool kKeepCacheWhenUnchanged = true;
 
 constexpr uint32_t kMaxWrite = 1u << 20;
 
@@ -45,6 +48,8 @@ struct FileHandle {
   InodeId ino;
   proto::Layout layout;
   std::atomic<uint64_t> size_hint{0};  // the size known at open (or after our own truncate)
+  bool keep_cache = false;             // the kernel may keep its pages (see kKeepCacheWhenUnchanged)
+  std::unique_ptr<client::ReadContext> read_ctx;  // cache generation and read-ahead streams
 };
 
 // An open directory: FUSE offsets of the last batch of entries handed to the kernel, mapped to the
@@ -167,9 +172,14 @@ void op_init(void* userdata, fuse_conn_info* conn) {
   want_if_offered(FUSE_CAP_PARALLEL_DIROPS);
   want_if_offered(FUSE_CAP_READDIRPLUS);
   want_if_offered(FUSE_CAP_READDIRPLUS_AUTO);
-  want_if_offered(FUSE_CAP_SPLICE_READ);  // write_buf copies from the pipe into our buffer
-  // Drop the page cache when the size or mtime changes under us (another host wrote).
-  want_if_offered(FUSE_CAP_AUTO_INVAL_DATA);
+  // No splice: libfuse then reads each request into its own buffer and write_buf hands that memory
+  // to the client as is (one copy, into the write-behind buffer); with SPLICE_READ the data would
+  // arrive in a pipe and need a copy out of it. SPLICE_WRITE/MOVE would only help replies from
+  // file descriptors, and our replies come from memory.
+  // No AUTO_INVAL_DATA: it makes the kernel fetch the attributes before every read() call (one meta
+  // round trip per read); close-to-open needs the check only at open, which op_open does with the
+  // file's generation (keep_cache). Reads past the cached size still fetch the attributes.
+  conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_AUTO_INVAL_DATA);
   // The writeback cache would keep written bytes (and the size) in this kernel past close():
   // close-to-open and "write errors at fsync/close" need every write to reach us. O_TRUNC comes
   // as setattr(size) so one path truncates. The kernel clears suid/sgid on write itself.
@@ -180,7 +190,7 @@ void op_init(void* userdata, fuse_conn_info* conn) {
                      << std::dec << " (async_read " << ((conn->want & FUSE_CAP_ASYNC_READ) != 0)
                      << ", parallel_dirops " << ((conn->want & FUSE_CAP_PARALLEL_DIROPS) != 0)
                      << ", readdirplus " << ((conn->want & FUSE_CAP_READDIRPLUS) != 0)
-                     << ", splice_read " << ((conn->want & FUSE_CAP_SPLICE_READ) != 0)
+                     << ", splice " << ((conn->want & FUSE_CAP_SPLICE_READ) != 0)
                      << ", auto_inval_data " << ((conn->want & FUSE_CAP_AUTO_INVAL_DATA) != 0)
                      << ", writeback_cache 0), max_write " << conn->max_write << ", max_read "
                      << conn->max_read << ", max_readahead " << conn->max_readahead;
@@ -313,7 +323,7 @@ void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* n
 void reply_open_handle(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<FileHandle> fh, const fuse_entry_param* e) {
   FileHandle* raw = fh.release();
   fi->fh = reinterpret_cast<uint64_t>(raw);
-  fi->keep_cache = kKeepCache ? 1 : 0;
+  fi->keep_cache = (kKeepCacheWhenUnchanged && raw->keep_cache) ? 1 : 0;
   const int rc = e != nullptr ? fuse_reply_create(req, e, fi) : fuse_reply_open(req, fi);
   if (rc != 0) {
     Status st = client_of(req).release(raw->ino);
@@ -325,12 +335,16 @@ void reply_open_handle(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<FileH
 }
 
 void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  auto r = client_of(req).open(InodeId(ino), static_cast<uint32_t>(fi->flags));
+  Client& c = client_of(req);
+  bool unchanged = false;
+  auto r = c.open(InodeId(ino), static_cast<uint32_t>(fi->flags), &unchanged);
   if (!r.has_value()) return reply_status(req, r.error(), "open", ino);
   auto fh = std::make_unique<FileHandle>();
   fh->ino = InodeId(ino);
   fh->layout = r->layout;
   fh->size_hint.store(r->size);
+  fh->keep_cache = unchanged;
+  fh->read_ctx = c.make_read_context(r->generation);
   reply_open_handle(req, fi, std::move(fh), nullptr);
 }
 
@@ -341,6 +355,7 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   fh->ino = r->ino;
   fh->layout = r->layout;
   fh->size_hint.store(r->size);
+  fh->read_ctx = client_of(req).make_read_context(r->generation);
   fuse_entry_param e = to_entry(*r);
   reply_open_handle(req, fi, std::move(fh), &e);
 }
@@ -351,7 +366,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   thread_local std::vector<uint8_t> buf;
   buf.resize(size);
   auto r = client_of(req).read(fh->ino, fh->layout, fh->size_hint.load(), static_cast<uint64_t>(off),
-                               std::span<uint8_t>(buf.data(), size));
+                               std::span<uint8_t>(buf.data(), size), fh->read_ctx.get());
   if (!r.has_value()) return reply_status(req, r.error(), "read", ino);
   fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), *r);
 }
@@ -369,6 +384,10 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
 
 void op_write_buf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* in, off_t off, fuse_file_info* fi) {
   const size_t size = fuse_buf_size(in);
+  if (in->count == 1 && in->idx == 0 && in->off == 0 && (in->buf[0].flags & FUSE_BUF_IS_FD) == 0) {
+    // The request's own memory: no copy here (write-behind copies once into its buffer).
+    return do_write(req, ino, std::span<const uint8_t>(static_cast<const uint8_t*>(in->buf[0].mem), size), off, fi);
+  }
   thread_local std::vector<uint8_t> buf;
   buf.resize(size);
   fuse_bufvec dst{};

@@ -11,6 +11,7 @@
 // `fusermount3 -u`; unmount and close the session.
 #include <fcntl.h>
 #include <limits.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -111,7 +112,8 @@ int main(int argc, char** argv) {
       "      deploy/mount.fuse.penstock for `mount -t fuse.penstock` and fstab)\n"
       "Unmount with `fusermount3 -u MOUNTPOINT` (or umount as root)."};
   app.set_config("--config", "", "read options from a TOML file (keys: meta, threads, clone-fd, "
-                                 "foreground, log-level, log-file, transport)");
+                                 "foreground, log-level, log-file, transport, cache-size, readahead-max, "
+                                 "dirty-limit)");
   app.add_option("--meta", s.meta, "penstock-meta address host:port")->capture_default_str();
   app.add_flag("-f,--foreground", s.foreground, "stay in the foreground, logging to stderr");
   app.add_option("--threads", s.threads, "most FUSE worker threads")->check(CLI::Range(1, 1024))->capture_default_str();
@@ -125,9 +127,18 @@ int main(int argc, char** argv) {
                  "else TCP), rdma or tcp; the log says which each connection uses")
       ->check(CLI::IsMember({"auto", "rdma", "tcp"}))
       ->capture_default_str();
+  std::string cache_size, readahead_max, dirty_limit;
+  app.add_option("--cache-size", cache_size,
+                 "bytes of file data the client caches for all files (LRU; K/M/G/T suffixes, powers of "
+                 "1024; 0 = no cache) [default 1G]");
+  app.add_option("--readahead-max", readahead_max,
+                 "largest read-ahead window of one sequential stream (0 = no read-ahead) [default 64M]");
+  app.add_option("--dirty-limit", dirty_limit,
+                 "write-behind: most bytes written but not yet on the data servers; writers wait "
+                 "beyond it (0 = every write goes out before it returns) [default 256M]");
   app.add_option("-o", option_lists,
                  "mount options: meta=HOST:PORT, threads=N, clone_fd, log_level=L, log_file=F, ro, "
-                 "transport=auto|rdma|tcp; the "
+                 "transport=auto|rdma|tcp, cache_size=S, readahead_max=S, dirty_limit=S; the "
                  "generic rw, defaults, nodev, nosuid, noatime, _netdev, allow_other, ... are accepted")
       ->allow_extra_args(false);
   app.add_option("args", positionals, "[META_ADDR] MOUNTPOINT")->required()->expected(1, 2);
@@ -140,6 +151,15 @@ int main(int argc, char** argv) {
   } else {
     s.mountpoint = positionals[0];
   }
+  auto size_flag = [](const std::string& text, const char* flag, uint64_t* out) {
+    if (text.empty()) return;
+    auto v = penstock::fuse::parse_byte_size(text);
+    if (!v.has_value()) die(std::string(flag) + ": " + v.error().message());
+    *out = *v;
+  };
+  size_flag(cache_size, "--cache-size", &s.cache_size);
+  size_flag(readahead_max, "--readahead-max", &s.readahead_max);
+  size_flag(dirty_limit, "--dirty-limit", &s.dirty_limit);
   for (const auto& list : option_lists) {
     Status st = penstock::fuse::apply_mount_options(list, &s);
     if (!st.is_ok()) die(st.message());
@@ -156,6 +176,11 @@ int main(int argc, char** argv) {
   struct stat mst {};
   if (stat(resolved, &mst) != 0 || !S_ISDIR(mst.st_mode)) die("mountpoint " + s.mountpoint + " is not a directory");
   const std::string mountpoint = resolved;
+
+  // The data path allocates and frees 1-4 MiB buffers all the time (cache blocks, write-behind):
+  // keep them in the heap instead of fresh mmap()s, which page-fault and zero every page again.
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
 
   // Before any thread exists: threads do not survive fork().
   const int ready_fd = s.foreground ? -1 : fork_and_wait_for_mount();
@@ -176,6 +201,9 @@ int main(int argc, char** argv) {
   auto transport = penstock::net::parse_transport(s.transport);
   if (!transport.has_value()) die(transport.error().message());
   copts.transport = *transport;
+  copts.cache_size = s.cache_size;
+  copts.readahead_max = s.readahead_max;
+  copts.dirty_limit = s.dirty_limit;
   auto connected = penstock::client::Client::connect(copts);
   if (!connected.has_value()) {
     const Status& st = connected.error();
@@ -211,7 +239,9 @@ int main(int argc, char** argv) {
         " (see the message above; is /dev/fuse available and the directory not already a mount?)");
   }
   PENSTOCK_LOG(Info) << "mounted penstock:" << s.meta << " at " << mountpoint << " (threads " << s.threads
-                     << (s.clone_fd ? ", clone_fd" : "") << ")";
+                     << (s.clone_fd ? ", clone_fd" : "") << "; cache " << s.cache_size << " bytes, read-ahead up to "
+                     << s.readahead_max << " bytes per stream, write-behind up to " << s.dirty_limit
+                     << " dirty bytes)";
   if (ready_fd >= 0) finish_daemonizing(ready_fd, s.log_file);
   pthread_sigmask(SIG_UNBLOCK, &term, nullptr);
 

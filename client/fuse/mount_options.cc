@@ -17,6 +17,39 @@ Status bad(std::string msg) { return Status(Code::kInvalid, std::move(msg)); }
 
 }  // namespace
 
+Result<uint64_t> parse_byte_size(std::string_view text) {
+  // Messages are appended piecewise (GCC 12 warns falsely on "lit" + std::string chains here).
+  auto fail = [&](const char* why) {
+    std::string msg = "size '";
+    msg.append(text);
+    msg.append("' ");
+    msg.append(why);
+    return Status(Code::kInvalid, std::move(msg));
+  };
+  uint64_t n = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || ptr == text.data()) {
+    return fail("is not a size (digits with an optional K, M, G or T suffix)");
+  }
+  const std::string_view suffix = text.substr(static_cast<size_t>(ptr - text.data()));
+  int shift = 0;
+  if (suffix.empty() || suffix == "B") {
+    shift = 0;
+  } else if (suffix == "K" || suffix == "KiB" || suffix == "k") {
+    shift = 10;
+  } else if (suffix == "M" || suffix == "MiB") {
+    shift = 20;
+  } else if (suffix == "G" || suffix == "GiB") {
+    shift = 30;
+  } else if (suffix == "T" || suffix == "TiB") {
+    shift = 40;
+  } else {
+    return fail("has an unknown suffix (use K, M, G or T)");
+  }
+  if (shift > 0 && n > (UINT64_MAX >> shift)) return fail("is too large");
+  return n << shift;
+}
+
 Status apply_mount_options(std::string_view list, MountSettings* s) {
   size_t pos = 0;
   while (pos <= list.size()) {
@@ -73,6 +106,13 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
         return bad("mount option transport=" + std::string(value) + " is not auto, rdma or tcp");
       }
       s->transport = std::string(value);
+    } else if (key == "cache_size" || key == "readahead_max" || key == "dirty_limit") {
+      PENSTOCK_RETURN_IF_ERROR(need_value());
+      auto size = parse_byte_size(value);
+      if (!size.has_value()) return bad("mount option " + std::string(key) + ": " + size.error().message());
+      if (key == "cache_size") s->cache_size = *size;
+      if (key == "readahead_max") s->readahead_max = *size;
+      if (key == "dirty_limit") s->dirty_limit = *size;
     } else if (key.starts_with("x-")) {
       continue;
     } else {
@@ -80,7 +120,8 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
       for (std::string_view known : kIgnored) ignored = ignored || key == known;
       if (!ignored) {
         return bad("unknown mount option '" + std::string(opt) +
-                   "' (penstock options: meta=, threads=, clone_fd, log_level=, log_file=, ro, transport=)");
+                   "' (penstock options: meta=, threads=, clone_fd, log_level=, log_file=, ro, transport=, "
+                   "cache_size=, readahead_max=, dirty_limit=)");
       }
       if (key == "rw") s->read_only = false;
     }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <ctime>
 
 #include "client/lib/layout_text.h"
@@ -116,6 +117,9 @@ Status Client::start() {
     routes_ = std::make_shared<const ClusterRoutes>(std::move(map->map));
   }
   if (options_.register_session) heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  cache_ = std::make_unique<ChunkCache>(options_.cache_size);
+  if (options_.dirty_limit > 0) budget_ = std::make_unique<DirtyBudget>(options_.dirty_limit);
+  pool_ = std::make_unique<TaskPool>(std::max(1, options_.worker_threads));
   return Status::ok();
 }
 
@@ -123,6 +127,19 @@ Client::~Client() { shutdown(); }
 
 void Client::shutdown() {
   std::call_once(shutdown_once_, [this] {
+    // Buffered writes go out before the session closes (an unmount must not drop them).
+    std::vector<InodeId> dirty;
+    {
+      std::lock_guard<std::mutex> lock(wb_mu_);
+      for (const auto& [ino, wf] : wb_files_) dirty.push_back(ino);
+    }
+    for (InodeId ino : dirty) {
+      Status st = flush(ino);
+      if (!st.is_ok()) {
+        PENSTOCK_LOG(Warn) << "writing back inode " << ino.to_string() << " at shutdown: " << st.to_string();
+      }
+    }
+    if (pool_ != nullptr) pool_->stop();
     {
       std::lock_guard<std::mutex> lock(hb_mu_);
       stop_ = true;
@@ -222,7 +239,12 @@ Result<proto::InodeAttr> Client::setattr(const meta::SetAttrReq& req) {
 
 Result<proto::InodeAttr> Client::create(InodeId parent, const std::string& name, uint32_t mode,
                                         const proto::Caller& caller) {
-  return merged(meta_call<meta::Create>(meta::CreateReq{parent, name, mode, caller, session()}));
+  auto r = merged(meta_call<meta::Create>(meta::CreateReq{parent, name, mode, caller, session()}));
+  if (r.has_value()) {
+    std::lock_guard<std::mutex> lock(opened_mu_);
+    opened_[r->ino] = OpenedVersion{r->generation, r->mtime_ns};
+  }
+  return r;
 }
 
 Result<proto::InodeAttr> Client::mknod(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
@@ -291,8 +313,31 @@ Status Client::removexattr(InodeId ino, const std::string& name) {
   return meta_call<meta::RemoveXattr>(meta::GetXattrReq{ino, name}).status();
 }
 
-Result<proto::InodeAttr> Client::open(InodeId ino, uint32_t flags) {
-  return merged(meta_call<meta::Open>(meta::OpenReq{ino, session(), flags}));
+Result<proto::InodeAttr> Client::open(InodeId ino, uint32_t flags, bool* unchanged) {
+  auto r = merged(meta_call<meta::Open>(meta::OpenReq{ino, session(), flags}));
+  if (!r.has_value()) return r;
+  // Close-to-open: cached blocks of an older generation go now.
+  cache_->set_generation(ino, r->generation);
+  bool same = false;
+  {
+    std::lock_guard<std::mutex> lock(opened_mu_);
+    auto it = opened_.find(ino);
+    same = it != opened_.end() && it->second.generation == r->generation && it->second.mtime_ns == r->mtime_ns;
+    // A bounded memory of versions: forgetting only costs a cache drop at the next open.
+    if (it == opened_.end() && opened_.size() >= (1u << 20)) opened_.clear();
+    opened_[ino] = OpenedVersion{r->generation, r->mtime_ns};
+  }
+  // Our own unreported writes are in the kernel's pages but not in the meta generation: the
+  // merged mtime covers them (it moves on our writes), so `same` stays correct.
+  if (unchanged != nullptr) *unchanged = same;
+  return r;
+}
+
+std::unique_ptr<ReadContext> Client::make_read_context(uint64_t generation) const {
+  ReadAheadOptions ra;
+  ra.max_window = options_.readahead_max;
+  ra.initial_window = std::min<uint64_t>(ra.initial_window, ra.max_window);
+  return std::make_unique<ReadContext>(generation, ra);
 }
 
 Result<proto::Layout> Client::get_layout(InodeId ino) {
@@ -441,9 +486,75 @@ Status Client::fan_out(const std::vector<DataTask>& tasks, const IssueFn& issue)
 
 // ---- file data ----
 
+namespace {
+
+// Cache blocks: at most 1 MiB and never across a chunk (chunk sizes are powers of two >= 64 KiB).
+constexpr uint64_t kCacheBlock = 1ull << 20;
+// Write-behind buffers: one chunk, at least 1 MiB and at most 4 MiB, aligned to their size.
+uint64_t wb_unit(const proto::Layout& layout) {
+  return std::clamp<uint64_t>(layout.chunk_size, 1ull << 20, 4ull << 20);
+}
+uint64_t block_size(const proto::Layout& layout) { return std::min<uint64_t>(kCacheBlock, layout.chunk_size); }
+// The length of the block at `block_off` for a file of `size` bytes: whole 4 KiB pages up to EOF
+// (a small file's block holds the file, not 1 MiB).
+uint32_t block_length(uint64_t bs, uint64_t block_off, uint64_t size) {
+  const uint64_t left = size > block_off ? size - block_off : 0;
+  const uint64_t pages = (left + 4095) / 4096 * 4096;
+  return static_cast<uint32_t>(std::clamp<uint64_t>(pages, 4096, bs));
+}
+bool overlaps(uint64_t a, uint64_t a_end, uint64_t b, uint64_t b_end) { return a < b_end && b < a_end; }
+
+}  // namespace
+
+Status Client::read_ranges(InodeId ino, const proto::Layout& layout,
+                           const std::vector<std::pair<uint64_t, std::span<uint8_t>>>& ranges) {
+  struct Piece {
+    ChunkIo io;
+    std::span<uint8_t> dst;
+  };
+  std::vector<Piece> pieces;
+  for (const auto& [offset, buf] : ranges) {
+    auto plan_r = plan_chunk_io(layout, offset, buf.size());
+    if (!plan_r.has_value()) return plan_r.error().with_context("read inode " + ino.to_string());
+    for (const ChunkIo& io : *plan_r) pieces.push_back(Piece{io, buf.subspan(io.buf_offset, io.length)});
+  }
+  std::vector<DataTask> tasks(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    tasks[i].chain = pieces[i].io.chain;
+    tasks[i].to_tail = true;
+    tasks[i].what = "read chunk " + std::to_string(pieces[i].io.chunk_index) + " of inode " + ino.to_string();
+  }
+  std::vector<uint32_t> received(pieces.size(), 0);
+  Status st = fan_out(tasks, [&](size_t i, const Route& route, rpc::RpcClient& rpc, std::function<void(Status)> done) {
+    data::ReadReq req;
+    req.key = data::ChunkKey{route.chain, route.target, ino, pieces[i].io.chunk_index, layout.chunk_size};
+    req.offset = pieces[i].io.offset_in_chunk;
+    req.length = pieces[i].io.length;
+    rpc::CallOptions opts;
+    opts.bulk_in = pieces[i].dst;
+    opts.bulk_received = &received[i];
+    rpc.call_async<data::Read>(req, opts, [done = std::move(done)](Result<data::ReadResp> r) { done(r.status()); });
+  });
+  if (!st.is_ok()) return st;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    Status fill = zero_fill_tail(pieces[i].dst, received[i]);
+    if (!fill.is_ok()) return fill.with_context(tasks[i].what);
+  }
+  return Status::ok();
+}
+
+void Client::fetch_block(InodeId ino, const proto::Layout& layout, const std::shared_ptr<CachedBlock>& block) {
+  std::vector<std::pair<uint64_t, std::span<uint8_t>>> one{{block->offset(), block->buffer()}};
+  Status st = read_ranges(ino, layout, one);
+  if (!st.is_ok()) cache_->erase(ino, block);
+  block->complete(std::move(st));
+}
+
 Result<size_t> Client::read(InodeId ino, const proto::Layout& layout, uint64_t size_hint, uint64_t offset,
-                            std::span<uint8_t> buf) {
+                            std::span<uint8_t> buf, ReadContext* ctx) {
   if (buf.empty()) return size_t{0};
+  // Our own buffered writes first: a client always reads what it wrote.
+  PENSTOCK_RETURN_IF_ERROR(wb_drain_overlap(ino, offset, buf.size()));
   uint64_t size = size_hint;
   {
     std::lock_guard<std::mutex> lock(files_mu_);
@@ -457,36 +568,78 @@ Result<size_t> Client::read(InodeId ino, const proto::Layout& layout, uint64_t s
   }
   const uint64_t n = clip_to_eof(offset, buf.size(), size);
   if (n == 0) return size_t{0};
-  auto plan_r = plan_chunk_io(layout, offset, n);
-  if (!plan_r.has_value()) return plan_r.error().with_context("read inode " + ino.to_string());
-  const std::vector<ChunkIo>& plan = *plan_r;
-  std::vector<DataTask> tasks(plan.size());
-  for (size_t i = 0; i < plan.size(); ++i) {
-    tasks[i].chain = plan[i].chain;
-    tasks[i].to_tail = true;
-    tasks[i].what = "read chunk " + std::to_string(plan[i].chunk_index) + " of inode " + ino.to_string();
+  std::span<uint8_t> out = buf.first(n);
+  if (ctx == nullptr || cache_->capacity() == 0 || layout.chunk_size == 0) {
+    PENSTOCK_RETURN_IF_ERROR(read_ranges(ino, layout, {{offset, out}}));
+    return static_cast<size_t>(n);
   }
-  std::vector<uint32_t> received(plan.size(), 0);
-  Status st = fan_out(tasks, [&](size_t i, const Route& route, rpc::RpcClient& rpc, std::function<void(Status)> done) {
-    data::ReadReq req;
-    req.key = data::ChunkKey{route.chain, route.target, ino, plan[i].chunk_index, layout.chunk_size};
-    req.offset = plan[i].offset_in_chunk;
-    req.length = plan[i].length;
-    rpc::CallOptions opts;
-    opts.bulk_in = buf.subspan(plan[i].buf_offset, plan[i].length);
-    opts.bulk_received = &received[i];
-    rpc.call_async<data::Read>(req, opts, [done = std::move(done)](Result<data::ReadResp> r) { done(r.status()); });
-  });
-  if (!st.is_ok()) return st;
-  for (size_t i = 0; i < plan.size(); ++i) {
-    Status fill = zero_fill_tail(buf.subspan(plan[i].buf_offset, plan[i].length), received[i]);
-    if (!fill.is_ok()) return fill.with_context(tasks[i].what);
+  const uint64_t bs = block_size(layout);
+  ReadAdvice advice;
+  {
+    std::lock_guard<std::mutex> lock(ctx->mu);
+    advice = ctx->detector.on_read(offset, n);
+  }
+  const uint64_t first = offset / bs * bs;
+  const uint64_t end = offset + n;
+  std::vector<std::shared_ptr<CachedBlock>> blocks;
+  if (!advice.sequential) {
+    // Random reads: whole blocks would multiply the bytes moved; use the cache only when it holds
+    // the whole range already.
+    for (uint64_t b = first; b < end; b += bs) {
+      auto blk = cache_->find_ready(ino, ctx->generation, b);
+      if (blk == nullptr || blk->offset() + blk->length() < std::min(end, b + bs)) {
+        blocks.clear();
+        break;
+      }
+      blocks.push_back(std::move(blk));
+    }
+    if (blocks.empty()) {
+      PENSTOCK_RETURN_IF_ERROR(read_ranges(ino, layout, {{offset, out}}));
+      return static_cast<size_t>(n);
+    }
+  } else {
+    std::vector<std::shared_ptr<CachedBlock>> mine;
+    for (uint64_t b = first; b < end; b += bs) {
+      auto lk = cache_->get_or_start(ino, ctx->generation, b, block_length(bs, b, size));
+      if (lk.fetch) mine.push_back(lk.block);
+      blocks.push_back(std::move(lk.block));
+    }
+    // Read-ahead: queued before our own fetch so that both travel at once.
+    if (advice.prefetch_length > 0 && advice.prefetch_offset < size) {
+      const uint64_t pf_end = std::min(size, advice.prefetch_offset + advice.prefetch_length);
+      for (uint64_t b = advice.prefetch_offset / bs * bs; b < pf_end; b += bs) {
+        auto lk = cache_->get_or_start(ino, ctx->generation, b, block_length(bs, b, size));
+        if (!lk.fetch) continue;
+        pool_->submit([this, ino, layout, blk = lk.block] { fetch_block(ino, layout, blk); });
+      }
+    }
+    if (!mine.empty()) {
+      std::vector<std::pair<uint64_t, std::span<uint8_t>>> ranges;
+      for (auto& blk : mine) ranges.emplace_back(blk->offset(), blk->buffer());
+      Status st = read_ranges(ino, layout, ranges);
+      for (auto& blk : mine) {
+        if (!st.is_ok()) cache_->erase(ino, blk);
+        blk->complete(st);
+      }
+      if (!st.is_ok()) return st;
+    }
+  }
+  for (auto& blk : blocks) {
+    Status st = blk->wait();
+    if (!st.is_ok()) return st;
+    const uint64_t lo = std::max(offset, blk->offset());
+    const uint64_t hi = std::min(end, blk->offset() + blk->length());
+    if (hi < std::min(end, blk->offset() + bs)) {
+      // A block cut at an older EOF that a fetch in flight still answers: read the range directly.
+      PENSTOCK_RETURN_IF_ERROR(read_ranges(ino, layout, {{offset, out}}));
+      return static_cast<size_t>(n);
+    }
+    if (hi > lo) std::memcpy(out.data() + (lo - offset), blk->data() + (lo - blk->offset()), hi - lo);
   }
   return static_cast<size_t>(n);
 }
 
-Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> bytes) {
-  if (bytes.empty()) return Status::ok();
+Status Client::write_now(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> bytes) {
   auto plan_r = plan_chunk_io(layout, offset, bytes.size());
   if (!plan_r.has_value()) return plan_r.error().with_context("write inode " + ino.to_string());
   const std::vector<ChunkIo>& plan = *plan_r;
@@ -495,13 +648,7 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
     tasks[i].chain = plan[i].chain;
     tasks[i].what = "write chunk " + std::to_string(plan[i].chunk_index) + " of inode " + ino.to_string();
   }
-  {
-    // A new write makes any flush that started before it stale (see flush()).
-    std::lock_guard<std::mutex> lock(files_mu_);
-    FileState& fs = files_[ino];
-    ++fs.seq;
-  }
-  Status st = fan_out(tasks, [&](size_t i, const Route& route, rpc::RpcClient& rpc, std::function<void(Status)> done) {
+  return fan_out(tasks, [&](size_t i, const Route& route, rpc::RpcClient& rpc, std::function<void(Status)> done) {
     data::WriteReq req;
     req.key = data::ChunkKey{route.chain, route.target, ino, plan[i].chunk_index, layout.chunk_size};
     req.offset = plan[i].offset_in_chunk;
@@ -509,7 +656,136 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
     opts.bulk_out = bytes.subspan(plan[i].buf_offset, plan[i].length);
     rpc.call_async<data::Write>(req, opts, [done = std::move(done)](Result<data::WriteResp> r) { done(r.status()); });
   });
-  if (!st.is_ok()) return st;
+}
+
+std::shared_ptr<Client::WbFile> Client::wb_find(InodeId ino) {
+  std::lock_guard<std::mutex> lock(wb_mu_);
+  auto it = wb_files_.find(ino);
+  return it == wb_files_.end() ? nullptr : it->second;
+}
+
+void Client::wb_send_locked(InodeId ino, const std::shared_ptr<WbFile>& wf, std::unique_lock<std::mutex>& lock) {
+  (void)lock;
+  if (wf->buf.empty()) return;
+  auto data = std::make_shared<std::vector<uint8_t>>(std::move(wf->buf));
+  wf->buf = {};
+  const uint64_t off = wf->buf_offset;
+  const uint64_t len = data->size();
+  wf->inflight.emplace_back(off, off + len);
+  budget_->start_flight(len);
+  pool_->submit([this, ino, wf, data, off, len, layout = wf->layout] {
+    Status st = write_now(ino, layout, off, *data);
+    // Blocks fetched while these bytes were on their way may hold the old ones.
+    cache_->invalidate_range(ino, off, len);
+    {
+      std::lock_guard<std::mutex> g(wf->mu);
+      auto it = std::find(wf->inflight.begin(), wf->inflight.end(), std::make_pair(off, off + len));
+      if (it != wf->inflight.end()) wf->inflight.erase(it);
+      if (!st.is_ok()) {
+        PENSTOCK_LOG(Warn) << "write-behind of inode " << ino.to_string() << " at " << off << " (" << len
+                           << " bytes) failed: " << st.to_string() << "; reported at the next write, close or fsync";
+        wf->error.record(st);
+      }
+    }
+    wf->cv.notify_all();
+    budget_->finish_flight(len);
+  });
+}
+
+Status Client::wb_drain(InodeId ino) {
+  auto wf = wb_find(ino);
+  if (wf == nullptr) return Status::ok();
+  std::unique_lock<std::mutex> lock(wf->mu);
+  wb_send_locked(ino, wf, lock);
+  wf->cv.wait(lock, [&] { return wf->inflight.empty(); });
+  return wf->error.peek();
+}
+
+Status Client::wb_drain_overlap(InodeId ino, uint64_t offset, uint64_t length) {
+  auto wf = wb_find(ino);
+  if (wf == nullptr) return Status::ok();
+  bool hit = false;
+  {
+    std::lock_guard<std::mutex> lock(wf->mu);
+    const uint64_t end = offset + length;
+    hit = !wf->buf.empty() && overlaps(offset, end, wf->buf_offset, wf->buf_offset + wf->buf.size());
+    for (const auto& [b, e] : wf->inflight) hit = hit || overlaps(offset, end, b, e);
+  }
+  return hit ? wb_drain(ino) : Status::ok();
+}
+
+void Client::wb_retire_if_idle(InodeId ino) {
+  std::lock_guard<std::mutex> lock(wb_mu_);
+  auto it = wb_files_.find(ino);
+  if (it == wb_files_.end()) return;
+  std::lock_guard<std::mutex> g(it->second->mu);
+  if (!it->second->buf.empty() || !it->second->inflight.empty() || !it->second->error.peek().is_ok()) return;
+  it->second->retired = true;
+  wb_files_.erase(it);
+}
+
+Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> bytes) {
+  if (bytes.empty()) return Status::ok();
+  {
+    // A new write makes any flush that started before it stale (see flush()).
+    std::lock_guard<std::mutex> lock(files_mu_);
+    ++files_[ino].seq;
+  }
+  // After shutdown() the pool runs tasks inline, which a send under the file's lock cannot do.
+  if (budget_ == nullptr || layout.chunk_size == 0 || pool_->stopped()) {
+    PENSTOCK_RETURN_IF_ERROR(write_now(ino, layout, offset, bytes));
+    cache_->invalidate_range(ino, offset, bytes.size());
+  } else {
+    budget_->acquire(bytes.size());  // back-pressure: may wait for sends of any file
+    std::shared_ptr<WbFile> wf;
+    std::unique_lock<std::mutex> lock;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> g(wb_mu_);
+        auto& slot = wb_files_[ino];
+        if (slot == nullptr) slot = std::make_shared<WbFile>();
+        wf = slot;
+      }
+      lock = std::unique_lock<std::mutex>(wf->mu);
+      if (!wf->retired) break;
+      lock.unlock();
+    }
+    if (Status err = wf->error.peek(); !err.is_ok()) {
+      lock.unlock();
+      budget_->release_buffered(bytes.size());
+      return err;
+    }
+    const uint64_t unit = wb_unit(layout);
+    size_t pos = 0;
+    while (pos < bytes.size()) {
+      const uint64_t off = offset + pos;
+      if (!wf->buf.empty() &&
+          (off != wf->buf_offset + wf->buf.size() || off / unit != wf->buf_offset / unit)) {
+        wb_send_locked(ino, wf, lock);
+      }
+      if (wf->buf.empty()) {
+        // Sends of one file may overlap only in order: wait out any in flight over this unit.
+        const uint64_t unit_end = (off / unit + 1) * unit;
+        wf->cv.wait(lock, [&] {
+          for (const auto& [b, e] : wf->inflight) {
+            if (overlaps(off, unit_end, b, e)) return false;
+          }
+          return true;
+        });
+        wf->buf_offset = off;
+        wf->layout = layout;
+        wf->buf.reserve(unit_end - off);
+      }
+      const uint64_t room = unit - (off % unit);
+      const size_t take = static_cast<size_t>(std::min<uint64_t>(room, bytes.size() - pos));
+      wf->buf.insert(wf->buf.end(), bytes.begin() + static_cast<ptrdiff_t>(pos),
+                     bytes.begin() + static_cast<ptrdiff_t>(pos + take));
+      pos += take;
+      if ((wf->buf_offset + wf->buf.size()) % unit == 0) wb_send_locked(ino, wf, lock);
+    }
+    lock.unlock();
+    cache_->invalidate_range(ino, offset, bytes.size());
+  }
   std::lock_guard<std::mutex> lock(files_mu_);
   FileState& fs = files_[ino];
   fs.written_end = std::max(fs.written_end, offset + bytes.size());
@@ -519,6 +795,13 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
 }
 
 Status Client::flush(InodeId ino) {
+  Status drained = wb_drain(ino);
+  if (auto wf = wb_find(ino); wf != nullptr) {
+    Status err = wf->error.take();
+    if (!err.is_ok()) return err.with_context("write-behind of inode " + ino.to_string());
+  }
+  (void)drained;
+  wb_retire_if_idle(ino);
   uint64_t written_end = 0;
   int64_t mtime = 0;
   uint64_t seq = 0;
@@ -530,8 +813,8 @@ Status Client::flush(InodeId ino) {
     mtime = it->second.mtime_ns;
     seq = it->second.seq;
   }
-  // Writes are already on the data servers (visible to every reader); what close-to-open still
-  // needs is the size at the meta server.
+  // Writes are on the data servers now (visible to every reader); what close-to-open still needs
+  // is the size at the meta server.
   if (mtime != 0) {
     auto r = meta_call<meta::ReportSize>(meta::ReportSizeReq{ino, written_end, mtime});
     if (!r.has_value()) return r.error().with_context("report size of inode " + ino.to_string());
@@ -544,6 +827,7 @@ Status Client::flush(InodeId ino) {
 }
 
 Status Client::fsync(InodeId ino, const proto::Layout& layout) {
+  PENSTOCK_RETURN_IF_ERROR(wb_drain(ino).with_context("write-behind of inode " + ino.to_string()));
   // One Sync per target of every chain of the file, not only the chains this handle wrote: fsync
   // covers writes made through any descriptor, also ones already closed. Syncing a clean chunk
   // file costs no I/O on the data server.
@@ -591,6 +875,9 @@ Result<proto::InodeAttr> Client::truncate(InodeId ino, uint64_t size, const prot
   if (!is_regular(attr)) {
     return Status(Code::kInvalid, "truncate inode " + ino.to_string() + ": not a regular file");
   }
+  // Our buffered writes land before the cut (in order, as the application issued them); an error
+  // of theirs stays remembered for the next flush/fsync.
+  (void)wb_drain(ino);
   // Data first: once the meta size says `size`, no byte past it may come back from a data server.
   std::vector<DataTask> tasks;
   auto routes_now = routes();
@@ -618,6 +905,7 @@ Result<proto::InodeAttr> Client::truncate(InodeId ino, uint64_t size, const prot
     rpc.call_async<data::Truncate>(data::TruncateReq{route.target, ino, size, chunk_size}, {},
                                    [done = std::move(done)](Result<proto::Empty> r) { done(r.status()); });
   }));
+  cache_->invalidate(ino);
   meta::SetAttrReq req;
   req.ino = ino;
   req.valid = meta::kSetSize;
@@ -634,6 +922,7 @@ Result<proto::InodeAttr> Client::truncate(InodeId ino, uint64_t size, const prot
       ++it->second.seq;
     }
   }
+  cache_->invalidate(ino);
   return merged(std::move(r));
 }
 

@@ -27,7 +27,10 @@
 #include <unordered_set>
 #include <vector>
 
+#include "client/lib/chunk_cache.h"
 #include "client/lib/io_plan.h"
+#include "client/lib/read_ahead.h"
+#include "client/lib/write_behind.h"
 #include "common/base/result.h"
 #include "common/net/endpoint.h"
 #include "common/net/channel_factory.h"
@@ -49,6 +52,21 @@ struct ClientOptions {
   net::TransportKind transport = net::TransportKind::kAuto;
   bool register_session = true;  // false for one-shot tools (status, df): no session, no heartbeat
   std::string client_name = "penstock";  // shown in the meta server's session table
+  // ---- data path (docs/architecture.md, "Client data path"); 0 turns each off ----
+  uint64_t cache_size = 1ull << 30;      // bytes of file data cached, shared by all files (LRU)
+  uint64_t readahead_max = 64ull << 20;  // largest read-ahead window of one sequential stream
+  uint64_t dirty_limit = 256ull << 20;   // write-behind bytes not yet on the data servers
+  int worker_threads = 16;               // threads sending write-behind buffers and read-ahead
+};
+
+// Per open file handle read state: the generation the handle was opened at (cache key) and the
+// stream detector for read-ahead. Made by Client::make_read_context; thread-safe (mu guards the
+// detector).
+struct ReadContext {
+  ReadContext(uint64_t gen, ReadAheadOptions options) : generation(gen), detector(options) {}
+  const uint64_t generation;
+  std::mutex mu;
+  StreamDetector detector;  // guarded by mu
 };
 
 class Client {
@@ -100,8 +118,13 @@ class Client {
   Status setxattr(InodeId ino, const std::string& name, const std::string& value, uint32_t flags);
   Result<std::vector<std::string>> listxattr(InodeId ino);
   Status removexattr(InodeId ino, const std::string& name);
-  // Opens for this session (bookkeeping that keeps an unlinked file's chunks alive).
-  Result<proto::InodeAttr> open(InodeId ino, uint32_t flags);
+  // Opens for this session (bookkeeping that keeps an unlinked file's chunks alive). When
+  // `unchanged` is given it says whether the file's generation and mtime are the same as at this
+  // client's previous open of it (the kernel may keep its cached pages); either way cached data of
+  // an older generation is dropped here (close-to-open).
+  Result<proto::InodeAttr> open(InodeId ino, uint32_t flags, bool* unchanged = nullptr);
+  // Read state for a handle opened at `generation` (pass it to read()).
+  std::unique_ptr<ReadContext> make_read_context(uint64_t generation) const;
   Result<proto::Layout> get_layout(InodeId ino);
   Status set_layout(InodeId dir, uint32_t chunk_size, uint32_t stripe_count);
   // Applies a parsed layout xattr value to a directory: keys not given keep their current value.
@@ -116,16 +139,27 @@ class Client {
   // file size is max(meta size, the highest offset this client wrote). `size_hint` is the size the
   // caller knows (e.g. at open); when the range passes it the size is fetched from the meta server.
   // Holes and short chunks read as zeros. Errors name the inode, chunk and target.
+  // Buffered writes of this client that overlap the range are sent (and waited for) first. With a
+  // ReadContext, sequential streams are served through the cache with read-ahead; without one
+  // (or for random reads that miss the cache) the range is read directly.
   Result<size_t> read(InodeId ino, const proto::Layout& layout, uint64_t size_hint, uint64_t offset,
-                      std::span<uint8_t> buf);
-  // Writes all of `data` at `offset` (chunks in parallel). On success the bytes are on the data
-  // servers (not yet durable) and this client's view of the size covers them.
+                      std::span<uint8_t> buf, ReadContext* ctx = nullptr);
+  // Writes all of `data` at `offset`. With write-behind (dirty_limit > 0) the bytes are gathered
+  // into per-file buffers sent asynchronously (blocking while the dirty bound is passed); an error
+  // of an earlier asynchronous send of this file is returned here, and at flush/fsync. Without it
+  // the bytes are on the data servers on return. Either way this client's reads and size see them.
   Status write(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> data);
-  // Reports the highest offset this client wrote to `ino`, and the mtime, to the meta server
-  // (close-to-open: another host's open() then sees the size). Ok at once when nothing was written.
+  // Sends this file's buffered writes, waits for every send, then reports the highest offset this
+  // client wrote to `ino`, and the mtime, to the meta server (close-to-open: another host's open()
+  // then sees data and size). Returns (and forgets) a remembered asynchronous write error instead
+  // of reporting. Ok at once when nothing was written.
   Status flush(InodeId ino);
-  // Makes the file's data durable on every target of every chain of `layout` (Sync), then flush().
+  // Sends and waits for buffered writes, makes the file's data durable on every target of every
+  // chain of `layout` (Sync), then flush().
   Status fsync(InodeId ino, const proto::Layout& layout);
+  // Cache and write-behind counters (for logs and tests).
+  CacheStats cache_stats() const { return cache_->stats(); }
+  uint64_t dirty_bytes() const { return budget_ ? budget_->used() : 0; }
   // flush(), then Release at the meta server. Returns the first error; Release runs in any case.
   Status release(InodeId ino);
   // Cuts the file to `size`: data Truncate on every target of every chain of its layout first, then
@@ -167,6 +201,35 @@ class Client {
   // those tasks; any other error (or a second failure) fails the whole operation with context.
   Status fan_out(const std::vector<DataTask>& tasks, const IssueFn& issue);
   void merge_local_size(proto::InodeAttr* attr);
+
+  // ---- data path internals ----
+  // One file's write-behind: the buffer being filled and the ranges being sent.
+  struct WbFile {
+    std::mutex mu;  // never held across an RPC except by the inline send after stop
+    std::condition_variable cv;
+    proto::Layout layout;                                 // guarded by mu
+    uint64_t buf_offset = 0;                              // guarded by mu
+    std::vector<uint8_t> buf;                             // guarded by mu
+    std::vector<std::pair<uint64_t, uint64_t>> inflight;  // [begin, end) being sent; guarded by mu
+    bool retired = false;                                 // removed from wb_files_; guarded by mu
+    WriteError error;
+  };
+  // The writes as before write-behind: all pieces in parallel, on the data servers on return.
+  Status write_now(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> bytes);
+  // Reads each (offset, buffer) range of the file (holes as zeros), all pieces in parallel.
+  Status read_ranges(InodeId ino, const proto::Layout& layout,
+                     const std::vector<std::pair<uint64_t, std::span<uint8_t>>>& ranges);
+  // Fetches one cache block into its buffer and completes it; drops it from the cache on error.
+  void fetch_block(InodeId ino, const proto::Layout& layout, const std::shared_ptr<CachedBlock>& block);
+  std::shared_ptr<WbFile> wb_find(InodeId ino);
+  // REQUIRES wf->mu held via `lock`. Starts sending the buffer (a pool task).
+  void wb_send_locked(InodeId ino, const std::shared_ptr<WbFile>& wf, std::unique_lock<std::mutex>& lock);
+  // Sends the buffer and waits until nothing of the file is in flight. Returns the remembered error.
+  Status wb_drain(InodeId ino);
+  // wb_drain() when buffered or in-flight bytes overlap [offset, offset + length).
+  Status wb_drain_overlap(InodeId ino, uint64_t offset, uint64_t length);
+  // Forgets the file's write-behind record when it is idle (after a flush).
+  void wb_retire_if_idle(InodeId ino);
   Result<proto::InodeAttr> merged(Result<proto::meta::AttrResp> r);
 
   const ClientOptions options_;
@@ -192,6 +255,19 @@ class Client {
   bool stop_ = false;
   std::thread heartbeat_;
   std::once_flag shutdown_once_;
+
+  // Data path. pool_ is declared last: it stops (and its tasks end) before anything they use.
+  struct OpenedVersion {
+    uint64_t generation = 0;
+    int64_t mtime_ns = 0;
+  };
+  std::mutex opened_mu_;  // leaf lock
+  std::unordered_map<InodeId, OpenedVersion> opened_;  // last open of each inode; guarded
+  std::unique_ptr<ChunkCache> cache_;
+  std::unique_ptr<DirtyBudget> budget_;  // null: write-behind off
+  std::mutex wb_mu_;  // may be held while taking a WbFile's mu (wb_retire_if_idle), never the reverse
+  std::unordered_map<InodeId, std::shared_ptr<WbFile>> wb_files_;  // guarded by wb_mu_
+  std::unique_ptr<TaskPool> pool_;
 };
 
 // The hostname for session registration ("unknown" when it cannot be read).

@@ -33,6 +33,7 @@ struct ChannelOptions {
 // connection can be made now ("transport = rdma, but ..."). kAuto never fails: it falls back to TCP
 // (logging why at Info). kTcp: a TCP channel. Blocks for at most the RDMA connect timeout (kAuto
 // with a reachable RDMA device, and kRdma).
-Result<std::shared_ptr<Channel>> make_channel(IoRuntime& runtime, const Endpoint& server, const ChannelOptions& options);
+Result<std::shared_ptr<Channel>> make_channel(IoRuntime& runtime, const Endpoint& server,
+                                              const ChannelOptions& options);
 
 }  // namespace penstock::net

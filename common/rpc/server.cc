@@ -7,6 +7,9 @@
 // Peer bytes are hostile: every length is checked by decode_header before anything is allocated,
 // buffers grow only as bytes actually arrive, and each connection is bounded in requests and bytes
 // in flight (the read loop pauses until responses drain).
+// With ServerOptions::rdma, an RdmaListener (common/net/rdma) on the same host and port number
+// feeds the same handlers: dispatch_rdma() runs on its event thread and posts to the same workers;
+// a worker answers through RdmaRequest::reply().
 // Lock order: ServerState::mu is a leaf lock (never held while calling out).
 #include "common/rpc/server.h"
 

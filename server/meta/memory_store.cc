@@ -17,7 +17,7 @@ Result<std::optional<std::string>> MemoryStore::get(std::string_view key) {
   return std::optional<std::string>(it->second);
 }
 
-Status MemoryStore::write(const WriteBatch& batch) {
+Status MemoryStore::apply(const WriteBatch& batch) {
   std::unique_lock lock(mu_);
   for (const auto& op : batch.ops()) {
     if (op.is_delete) {

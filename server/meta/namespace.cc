@@ -175,7 +175,7 @@ class MetaService::Txn {
     uint64_t used = *used_inodes_ + static_cast<uint64_t>(used_delta_);
     if (used_delta_ != 0) batch_.put(std::string(schema::kUsedInodes), u64_record(used));
     if (batch_.empty()) return Status::ok();
-    PENSTOCK_RETURN_IF_ERROR(store_->write(batch_));
+    PENSTOCK_RETURN_IF_ERROR(store_->apply(batch_));
     *used_inodes_ = used;
     return Status::ok();
   }
@@ -329,7 +329,7 @@ Result<InodeId> MetaService::allocate_inode() {
     uint64_t end = next_ino_ + options_.inode_batch;
     WriteBatch batch;
     batch.put(std::string(schema::kNextInode), u64_record(end));
-    PENSTOCK_RETURN_IF_ERROR(store_->write(batch).with_context("reserve inode numbers"));
+    PENSTOCK_RETURN_IF_ERROR(store_->apply(batch).with_context("reserve inode numbers"));
     ino_batch_end_ = end;
   }
   return InodeId(next_ino_++);
@@ -366,14 +366,14 @@ Result<std::vector<ChainId>> MetaService::pick_chains(uint32_t stripe_count, uin
 // ---------------------------------------------------------------------------------------------
 // Sessions
 
-Result<pm::RegisterSessionResp> MetaService::register_session(const pm::RegisterSessionReq& req) {
+Result<pm::RegisterSessionResp> MetaService::register_session_applied(const pm::RegisterSessionReq& req) {
   std::lock_guard lock(mu_);
   int64_t now = options_.now();
   SessionId id(next_session_);
   WriteBatch batch;
   batch.put(schema::session_key(id), schema::encode_record(schema::SessionRecord{req.client_name, req.hostname, now}));
   batch.put(std::string(schema::kNextSession), u64_record(id.value + 1));
-  PENSTOCK_RETURN_IF_ERROR(store_->write(batch).with_context("register session"));
+  PENSTOCK_RETURN_IF_ERROR(store_->apply(batch).with_context("register session"));
   next_session_ = id.value + 1;
   sessions_[id.value] = SessionState{now + options_.session_lease_ns};
   PENSTOCK_LOG(Info) << "session " << id.value << " registered by " << req.client_name << " on " << req.hostname;
@@ -418,7 +418,7 @@ Status MetaService::drop_opens_of_session(SessionId session, bool* queued_gc) {
   return txn.commit();
 }
 
-Status MetaService::close_session(const pm::SessionReq& req) {
+Status MetaService::close_session_applied(const pm::SessionReq& req) {
   bool queued = false;
   {
     std::lock_guard lock(mu_);
@@ -538,7 +538,7 @@ Result<pm::LayoutResp> MetaService::get_layout(const pm::InodeReq& req) {
 // ---------------------------------------------------------------------------------------------
 // Mutations
 
-Result<pm::AttrResp> MetaService::make_node(InodeId parent_ino, const std::string& name, uint32_t mode,
+Result<pm::AttrResp> MetaService::make_node_applied(InodeId parent_ino, const std::string& name, uint32_t mode,
                                             uint64_t rdev, const proto::Caller& caller, SessionId session,
                                             const std::string& symlink_target) {
   PENSTOCK_RETURN_IF_ERROR(validate_name(name));
@@ -676,7 +676,7 @@ Status MetaService::drop_link(Txn& txn, InodeRecord& rec, int64_t now, bool* que
   return finalize_inode(txn, rec, now, queued_gc);
 }
 
-Status MetaService::unlink(const pm::NameReq& req) {
+Status MetaService::unlink_applied(const pm::NameReq& req) {
   PENSTOCK_RETURN_IF_ERROR(validate_name(req.name));
   bool queued = false;
   {
@@ -698,7 +698,7 @@ Status MetaService::unlink(const pm::NameReq& req) {
   return Status::ok();
 }
 
-Status MetaService::rmdir(const pm::NameReq& req) {
+Status MetaService::rmdir_applied(const pm::NameReq& req) {
   PENSTOCK_RETURN_IF_ERROR(validate_name(req.name));
   std::lock_guard lock(mu_);
   int64_t now = options_.now();
@@ -731,7 +731,7 @@ Status MetaService::rmdir(const pm::NameReq& req) {
 //    a link and may become an orphan or be collected).
 //  - parents' nlink follow moved directories; both parents get new mtime/ctime, the moved inode a
 //    new ctime.
-Status MetaService::rename(const pm::RenameReq& req) {
+Status MetaService::rename_applied(const pm::RenameReq& req) {
   PENSTOCK_RETURN_IF_ERROR(validate_name(req.name));
   PENSTOCK_RETURN_IF_ERROR(validate_name(req.new_name));
   const uint32_t known = pm::kRenameNoReplace | pm::kRenameExchange;
@@ -835,7 +835,7 @@ Status MetaService::rename(const pm::RenameReq& req) {
   return Status::ok();
 }
 
-Result<pm::AttrResp> MetaService::link(const pm::LinkReq& req) {
+Result<pm::AttrResp> MetaService::link_applied(const pm::LinkReq& req) {
   PENSTOCK_RETURN_IF_ERROR(validate_name(req.new_name));
   std::lock_guard lock(mu_);
   int64_t now = options_.now();
@@ -861,7 +861,7 @@ Result<pm::AttrResp> MetaService::link(const pm::LinkReq& req) {
   return resp;
 }
 
-Result<pm::AttrResp> MetaService::set_attr(const pm::SetAttrReq& req) {
+Result<pm::AttrResp> MetaService::set_attr_applied(const pm::SetAttrReq& req) {
   if ((req.valid & ~kKnownSetAttrBits) != 0) {
     return Status(Code::kInvalid, "setattr: unknown bits in valid mask " + std::to_string(req.valid));
   }
@@ -899,7 +899,7 @@ Result<pm::AttrResp> MetaService::set_attr(const pm::SetAttrReq& req) {
   return resp;
 }
 
-Result<pm::AttrResp> MetaService::report_size(const pm::ReportSizeReq& req) {
+Result<pm::AttrResp> MetaService::report_size_applied(const pm::ReportSizeReq& req) {
   std::lock_guard lock(mu_);
   int64_t now = options_.now();
   Txn txn(store_, &used_inodes_);
@@ -916,7 +916,7 @@ Result<pm::AttrResp> MetaService::report_size(const pm::ReportSizeReq& req) {
   return resp;
 }
 
-Status MetaService::set_xattr(const pm::SetXattrReq& req) {
+Status MetaService::set_xattr_applied(const pm::SetXattrReq& req) {
   PENSTOCK_RETURN_IF_ERROR(validate_xattr_name(req.name));
   constexpr uint32_t kCreate = 1, kReplace = 2;
   if ((req.flags & ~(kCreate | kReplace)) != 0 || req.flags == (kCreate | kReplace)) {
@@ -943,7 +943,7 @@ Status MetaService::set_xattr(const pm::SetXattrReq& req) {
   return txn.commit().with_context("setxattr on inode " + req.ino.to_string());
 }
 
-Status MetaService::remove_xattr(const pm::GetXattrReq& req) {
+Status MetaService::remove_xattr_applied(const pm::GetXattrReq& req) {
   PENSTOCK_RETURN_IF_ERROR(validate_xattr_name(req.name));
   std::lock_guard lock(mu_);
   Txn txn(store_, &used_inodes_);
@@ -957,7 +957,7 @@ Status MetaService::remove_xattr(const pm::GetXattrReq& req) {
   return txn.commit().with_context("removexattr on inode " + req.ino.to_string());
 }
 
-Result<pm::AttrResp> MetaService::open_file(const pm::OpenReq& req) {
+Result<pm::AttrResp> MetaService::open_file_applied(const pm::OpenReq& req) {
   std::lock_guard lock(mu_);
   if (!session_alive(req.session)) {
     return Status(Code::kBadHandle, "session " + req.session.to_string() + " is unknown or expired; register a new session");
@@ -974,11 +974,11 @@ Result<pm::AttrResp> MetaService::open_file(const pm::OpenReq& req) {
   WriteBatch batch;
   batch.put(key, schema::encode_record(open));
   batch.put(schema::open_by_inode_key(req.ino, req.session), "");
-  PENSTOCK_RETURN_IF_ERROR(store_->write(batch).with_context("open inode " + req.ino.to_string()));
+  PENSTOCK_RETURN_IF_ERROR(store_->apply(batch).with_context("open inode " + req.ino.to_string()));
   return pm::AttrResp{rec->attr};
 }
 
-Status MetaService::release(const pm::ReleaseReq& req) {
+Status MetaService::release_applied(const pm::ReleaseReq& req) {
   bool queued = false;
   {
     std::lock_guard lock(mu_);
@@ -1007,7 +1007,7 @@ Status MetaService::release(const pm::ReleaseReq& req) {
   return Status::ok();
 }
 
-Status MetaService::set_layout(const pm::SetLayoutReq& req) {
+Status MetaService::set_layout_applied(const pm::SetLayoutReq& req) {
   PENSTOCK_RETURN_IF_ERROR(layout::validate_chunk_size(req.chunk_size));
   std::lock_guard lock(mu_);
   Txn txn(store_, &used_inodes_);
@@ -1054,7 +1054,7 @@ Result<pm::ClusterMapResp> MetaService::get_cluster_map() {
   return resp;
 }
 
-Result<pm::RegisterNodeResp> MetaService::register_node(const pm::RegisterNodeReq& req) {
+Result<pm::RegisterNodeResp> MetaService::register_node_applied(const pm::RegisterNodeReq& req) {
   if (req.node_uuid.empty()) return Status(Code::kInvalid, "register node: empty node uuid");
   auto ep = net::Endpoint::parse(req.address);
   if (!ep.has_value()) return std::move(ep).error().with_context("register node " + req.node_uuid + ": bad address");
@@ -1122,7 +1122,7 @@ Result<pm::RegisterNodeResp> MetaService::register_node(const pm::RegisterNodeRe
     new_targets.push_back(std::move(t));
   }
   PENSTOCK_RETURN_IF_ERROR(bump_map_version(&batch));
-  Status st = store_->write(batch);
+  Status st = store_->apply(batch);
   if (!st.is_ok()) {
     --map_version_;
     return st.with_context("register node " + req.node_uuid);
@@ -1142,7 +1142,7 @@ Result<pm::RegisterNodeResp> MetaService::register_node(const pm::RegisterNodeRe
   return resp;
 }
 
-Result<pm::HeartbeatResp> MetaService::node_heartbeat(const pm::NodeHeartbeatReq& req) {
+Result<pm::HeartbeatResp> MetaService::node_heartbeat_applied(const pm::NodeHeartbeatReq& req) {
   std::lock_guard lock(mu_);
   auto nit = nodes_.find(req.node.value);
   if (nit == nodes_.end()) {
@@ -1167,7 +1167,7 @@ Result<pm::HeartbeatResp> MetaService::node_heartbeat(const pm::NodeHeartbeatReq
   if (changed) {
     WriteBatch batch;
     PENSTOCK_RETURN_IF_ERROR(bump_map_version(&batch));
-    Status st = store_->write(batch);
+    Status st = store_->apply(batch);
     if (!st.is_ok()) {
       --map_version_;
       return st.with_context("node heartbeat");
@@ -1187,7 +1187,7 @@ Result<pm::HeartbeatResp> MetaService::node_heartbeat(const pm::NodeHeartbeatReq
 // ---------------------------------------------------------------------------------------------
 // Maintenance and GC support
 
-Status MetaService::expire() {
+Status MetaService::expire_applied() {
   bool queued = false;
   Status first;
   {
@@ -1213,7 +1213,7 @@ Status MetaService::expire() {
     if (!offline.empty()) {
       WriteBatch batch;
       Status st = bump_map_version(&batch);
-      if (st.is_ok()) st = store_->write(batch);
+      if (st.is_ok()) st = store_->apply(batch);
       if (!st.is_ok()) {
         --map_version_;
         if (first.is_ok()) first = st.with_context("mark nodes offline");
@@ -1248,7 +1248,7 @@ Result<std::vector<GcTask>> MetaService::gc_pending(InodeId after, size_t max) {
     return true;
   }));
   PENSTOCK_RETURN_IF_ERROR(st);
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   std::vector<GcTask> out;
   for (auto& [ino, chains] : jobs) {
     GcTask task{ino, {}};
@@ -1261,14 +1261,19 @@ Result<std::vector<GcTask>> MetaService::gc_pending(InodeId after, size_t max) {
     }
     out.push_back(std::move(task));
   }
+  lock.unlock();
+  // The scan may have seen queue entries not yet synced (their unlink is not acknowledged yet).
+  // Every apply happens under mu_, so all of them were noted before we took mu_ above: after this
+  // sync none can be lost, and no chunk is removed for an unlink that a crash would undo.
+  PENSTOCK_RETURN_IF_ERROR(store_->sync().with_context("sync before garbage collection"));
   return out;
 }
 
-Status MetaService::gc_done(InodeId ino) {
+Status MetaService::gc_done_applied(InodeId ino) {
   std::lock_guard lock(mu_);
   WriteBatch batch;
   batch.del(schema::gc_key(ino));
-  return store_->write(batch).with_context("finish collecting inode " + ino.to_string());
+  return store_->apply(batch).with_context("finish collecting inode " + ino.to_string());
 }
 
 Result<std::string> MetaService::target_address(TargetId target) {
@@ -1279,5 +1284,50 @@ Result<std::string> MetaService::target_address(TargetId target) {
   if (nit == nodes_.end()) return Status(Code::kNotFound, "node of target " + target.to_string() + " is not in the cluster map");
   return nit->second.rec.address;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Acknowledgement (group commit)
+//
+// Every mutation runs as *_applied: under mu_ it validates and applies its batch to the store
+// (visible at once, not yet synced), then releases mu_. The public method then waits in
+// store_->sync() until a WAL sync covers everything applied so far, so concurrent mutations share
+// one fsync. Errors wait too: a reply never reports state (e.g. kExists for a name another client
+// just created) that a crash could still take back. docs/meta-store.md "Durability" has the why.
+
+template <class T>
+T MetaService::durable(T result) {
+  Status st = store_->sync();
+  if (!st.is_ok()) return st;
+  return result;
+}
+
+Result<pm::RegisterSessionResp> MetaService::register_session(const pm::RegisterSessionReq& req) {
+  return durable(register_session_applied(req));
+}
+Status MetaService::close_session(const pm::SessionReq& req) { return durable(close_session_applied(req)); }
+Result<pm::AttrResp> MetaService::make_node(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
+                                            const proto::Caller& caller, SessionId session,
+                                            const std::string& symlink_target) {
+  return durable(make_node_applied(parent, name, mode, rdev, caller, session, symlink_target));
+}
+Status MetaService::unlink(const pm::NameReq& req) { return durable(unlink_applied(req)); }
+Status MetaService::rmdir(const pm::NameReq& req) { return durable(rmdir_applied(req)); }
+Status MetaService::rename(const pm::RenameReq& req) { return durable(rename_applied(req)); }
+Result<pm::AttrResp> MetaService::link(const pm::LinkReq& req) { return durable(link_applied(req)); }
+Result<pm::AttrResp> MetaService::set_attr(const pm::SetAttrReq& req) { return durable(set_attr_applied(req)); }
+Result<pm::AttrResp> MetaService::report_size(const pm::ReportSizeReq& req) { return durable(report_size_applied(req)); }
+Status MetaService::set_xattr(const pm::SetXattrReq& req) { return durable(set_xattr_applied(req)); }
+Status MetaService::remove_xattr(const pm::GetXattrReq& req) { return durable(remove_xattr_applied(req)); }
+Result<pm::AttrResp> MetaService::open_file(const pm::OpenReq& req) { return durable(open_file_applied(req)); }
+Status MetaService::release(const pm::ReleaseReq& req) { return durable(release_applied(req)); }
+Status MetaService::set_layout(const pm::SetLayoutReq& req) { return durable(set_layout_applied(req)); }
+Result<pm::RegisterNodeResp> MetaService::register_node(const pm::RegisterNodeReq& req) {
+  return durable(register_node_applied(req));
+}
+Result<pm::HeartbeatResp> MetaService::node_heartbeat(const pm::NodeHeartbeatReq& req) {
+  return durable(node_heartbeat_applied(req));
+}
+Status MetaService::expire() { return durable(expire_applied()); }
+Status MetaService::gc_done(InodeId ino) { return durable(gc_done_applied(ino)); }
 
 }  // namespace penstock::meta

@@ -5,6 +5,9 @@
 //
 // Durability: every mutation is one atomic Store write batch; when a method returns ok its effect
 // is durable. Inode numbers, session, node and target ids are never reused, also across crashes.
+// Group commit: a mutation applies its batch under the mutex (visible to readers at once) and
+// waits for the store's WAL sync after releasing it, so concurrent mutations share one fsync.
+// Readers may thus see a mutation a moment before it is acknowledged (docs/meta-store.md).
 //
 // Ownership: borrows the Store (which must outlive it). Time comes from MetaOptions::now (a fake
 // clock in tests); nothing here sleeps or starts threads (the daemon calls expire() periodically
@@ -167,11 +170,39 @@ class MetaService {
   MetaService(Store* store, MetaOptions options);
   Status load();
 
+  // The mutations behind the public methods of the same name: each takes mu_, applies its batch
+  // (not yet synced) and returns; the public method then waits for the store's sync (durable()).
+  Result<pm::RegisterSessionResp> register_session_applied(const pm::RegisterSessionReq& req);
+  Status close_session_applied(const pm::SessionReq& req);
+  Result<pm::AttrResp> make_node_applied(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
+                                         const proto::Caller& caller, SessionId session,
+                                         const std::string& symlink_target);
+  Status unlink_applied(const pm::NameReq& req);
+  Status rmdir_applied(const pm::NameReq& req);
+  Status rename_applied(const pm::RenameReq& req);
+  Result<pm::AttrResp> link_applied(const pm::LinkReq& req);
+  Result<pm::AttrResp> set_attr_applied(const pm::SetAttrReq& req);
+  Result<pm::AttrResp> report_size_applied(const pm::ReportSizeReq& req);
+  Status set_xattr_applied(const pm::SetXattrReq& req);
+  Status remove_xattr_applied(const pm::GetXattrReq& req);
+  Result<pm::AttrResp> open_file_applied(const pm::OpenReq& req);
+  Status release_applied(const pm::ReleaseReq& req);
+  Status set_layout_applied(const pm::SetLayoutReq& req);
+  Result<pm::RegisterNodeResp> register_node_applied(const pm::RegisterNodeReq& req);
+  Result<pm::HeartbeatResp> node_heartbeat_applied(const pm::NodeHeartbeatReq& req);
+  Status expire_applied();
+  Status gc_done_applied(InodeId ino);
+  // Waits (without mu_) until everything applied so far is durable; then `result`, or the sync
+  // error instead when the sync failed.
+  template <class T>
+  T durable(T result);
+  // make_node_applied + durable().
+  Result<pm::AttrResp> make_node(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
+                                 const proto::Caller& caller, SessionId session, const std::string& symlink_target);
+
   // All REQUIRE mu_ held.
   Result<InodeId> allocate_inode();
   Result<std::vector<ChainId>> pick_chains(uint32_t stripe_count, uint32_t* seed);
-  Result<pm::AttrResp> make_node(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
-                                 const proto::Caller& caller, SessionId session, const std::string& symlink_target);
   Status drop_link(Txn& txn, schema::InodeRecord& rec, int64_t now, bool* queued_gc);
   Status finalize_inode(Txn& txn, const schema::InodeRecord& rec, int64_t now, bool* queued_gc);
   Status drop_opens_of_session(SessionId session, bool* queued_gc);
@@ -184,7 +215,7 @@ class MetaService {
 
   // Lock order: mu_ is the only lock of this class and is taken before the store's internal
   // locks. It serializes every mutation (so a read-check-write batch never races another) and
-  // guards all in-memory state below. Never held across a network wait.
+  // guards all in-memory state below. Never held across a network wait, nor across a WAL sync.
   std::mutex mu_;
   uint64_t next_ino_ = 0;       // next inode number to hand out
   uint64_t ino_batch_end_ = 0;  // persisted: numbers below this may have been handed out

@@ -1,6 +1,8 @@
 // RocksDbStore: the durable Store of penstock-meta, one RocksDB database in a directory.
-// Every write() is a RocksDB WriteBatch written with WriteOptions.sync = true, so an acknowledged
-// mutation survives kill -9 and power loss (the WAL is fsynced before write() returns).
+// apply() is a RocksDB WriteBatch written to the WAL without sync (visible at once); sync() is
+// group commit over DB::SyncWAL (server/meta/group_commit.h): one fsync of the WAL covers every
+// batch applied before it started, whichever thread runs it. So a mutation acknowledged after
+// sync() survives kill -9 and power loss, and N concurrent mutations cost about one fsync.
 // RocksDB holds a LOCK file in the directory: a second process opening the same directory fails
 // with a message that says so.
 // Ownership: the caller owns the store; destroying it closes the database.
@@ -10,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "server/meta/group_commit.h"
 #include "server/meta/store.h"
 
 namespace rocksdb {
@@ -19,8 +22,12 @@ class DB;
 namespace penstock::meta {
 
 struct RocksDbOptions {
-  // fsync the WAL on every write. Only tests that need speed over durability turn this off.
+  // fsync the WAL in sync(). Only tests that need speed over durability turn this off (sync()
+  // then returns at once; the WAL still reaches the OS on every apply, so a process kill loses
+  // nothing, a power loss may).
   bool sync = true;
+  // RocksDB block cache (data, index and bloom filter blocks), bytes.
+  size_t block_cache_bytes = size_t{128} << 20;
 };
 
 class RocksDbStore final : public Store {
@@ -31,9 +38,13 @@ class RocksDbStore final : public Store {
   ~RocksDbStore() override;
 
   Result<std::optional<std::string>> get(std::string_view key) override;
-  Status write(const WriteBatch& batch) override;
+  Status apply(const WriteBatch& batch) override;
+  Status sync() override;
   Status scan(std::string_view prefix, std::string_view seek, const ScanFn& fn) override;
   std::string describe() const override { return "rocksdb " + dir_; }
+
+  // WAL syncs done so far (each covers one group of applied batches).
+  uint64_t wal_syncs() const { return committer_.syncs(); }
 
  private:
   RocksDbStore(std::string dir, std::unique_ptr<rocksdb::DB> db, RocksDbOptions options);
@@ -41,6 +52,7 @@ class RocksDbStore final : public Store {
   std::string dir_;
   std::unique_ptr<rocksdb::DB> db_;
   RocksDbOptions options_;
+  GroupCommitter committer_;
 };
 
 }  // namespace penstock::meta

@@ -1,9 +1,14 @@
 // Store: the ordered key-value store under penstock-meta's namespace (docs/meta-store.md has the
 // key schema). Keys and values are byte strings compared bytewise (memcmp order, shorter first).
-// Three operations are all the namespace needs: a point get, an atomic write batch (all of it is
-// applied or none of it, and when write() returns ok it is durable), and a forward scan over one
-// key prefix starting at a seek key, delivered a few entries at a time so that listing a directory
-// with millions of entries never loads it whole.
+// The namespace needs a point get, an atomic write batch (all of it is applied or none of it) and a
+// forward scan over one key prefix starting at a seek key, delivered a few entries at a time so
+// that listing a directory with millions of entries never loads it whole.
+//
+// Durability is split from visibility (group commit, docs/meta-store.md "Durability"): apply()
+// makes a batch visible to every later get/scan at once, and sync() returns when every batch
+// applied before the call is durable; concurrent sync() calls share one log sync. write() is both.
+// The namespace applies under its mutex and syncs after releasing it, so one fsync covers the
+// mutations of every thread that queued up meanwhile.
 //
 // Implementations: RocksDbStore (server/meta/rocksdb_store.h, the daemon's) and MemoryStore (below,
 // for unit tests). A later distributed transactional KV fits behind the same interface.
@@ -27,7 +32,7 @@
 
 namespace penstock::meta {
 
-// A list of puts and deletes applied atomically by Store::write, in order (a later operation on
+// A list of puts and deletes applied atomically by Store::apply / Store::write, in order (a later operation on
 // the same key wins). Single-threaded value type.
 class WriteBatch {
  public:
@@ -58,9 +63,21 @@ class Store {
   // The value of `key`, or nullopt when absent. kIo / kCorrupt when the store cannot be read.
   virtual Result<std::optional<std::string>> get(std::string_view key) = 0;
 
-  // Applies every operation of `batch` atomically; ok means durable (survives a process kill).
-  // kIo / kNoSpace on failure, and then nothing of the batch was applied.
-  virtual Status write(const WriteBatch& batch) = 0;
+  // Applies every operation of `batch` atomically and makes it visible to later get/scan calls.
+  // Not yet durable: call sync() before acknowledging it. kIo / kNoSpace on failure (also after a
+  // failed sync: the store refuses writes from then on), and then nothing of the batch was applied.
+  virtual Status apply(const WriteBatch& batch) = 0;
+
+  // Returns ok once every batch whose apply() returned before this call is durable (survives
+  // kill -9 and power loss). Concurrent callers share syncs (group commit). A failed sync is
+  // sticky: kIo now and from every later sync()/apply(); restart the daemon.
+  virtual Status sync() = 0;
+
+  // apply() then sync(): ok means the batch is durable.
+  Status write(const WriteBatch& batch) {
+    PENSTOCK_RETURN_IF_ERROR(apply(batch));
+    return sync();
+  }
 
   // Calls fn for every key that starts with `prefix` and is >= `seek`, in key order, until fn
   // returns false or the prefix is exhausted. `seek` smaller than `prefix` means "from the start
@@ -71,12 +88,13 @@ class Store {
   virtual std::string describe() const = 0;
 };
 
-// An in-memory Store over std::map, for unit tests. write() is atomic under a writer lock; nothing
-// survives the object. Thread-safe.
+// An in-memory Store over std::map, for unit tests. apply() is atomic under a writer lock and
+// sync() does nothing; nothing survives the object. Thread-safe.
 class MemoryStore final : public Store {
  public:
   Result<std::optional<std::string>> get(std::string_view key) override;
-  Status write(const WriteBatch& batch) override;
+  Status apply(const WriteBatch& batch) override;
+  Status sync() override { return Status::ok(); }
   Status scan(std::string_view prefix, std::string_view seek, const ScanFn& fn) override;
   std::string describe() const override { return "memory"; }
 

@@ -28,18 +28,24 @@ void put_remote(uint8_t* p, const RemoteBuffer& b) {
   put32(p + 8, b.rkey);
   put32(p + 12, b.len);
 }
-RemoteBuffer get_remote(const uint8_t* p) { return RemoteBuffer{get64(p), get32(p + 8), get32(p + 12)}; }
+RemoteBuffer get_remote(const uint8_t* p) {
+  return RemoteBuffer{get64(p), get32(p + 8), get32(p + 12)};
+}
 
-Status bad(const std::string& what) { return Status(Code::kProtocol, "RDMA control message: " + what); }
+Status bad(const std::string& what) {
+  return Status(Code::kProtocol, "RDMA control message: " + what);
+}
 
 }  // namespace
 
 size_t control_size(proto::FrameKind kind, size_t message_len) {
-  return proto::kFrameHeaderSize + message_len + (kind == proto::FrameKind::kRequest ? kRequestDescriptorSize : 0);
+  return proto::kFrameHeaderSize + message_len +
+         (kind == proto::FrameKind::kRequest ? kRequestDescriptorSize : 0);
 }
 
-size_t encode_control(const proto::FrameHeader& h, std::span<const uint8_t> message, const RemoteBuffer& bulk_out,
-                      const RemoteBuffer& bulk_in, std::span<uint8_t> dst) {
+size_t encode_control(const proto::FrameHeader& h, std::span<const uint8_t> message,
+                      const RemoteBuffer& bulk_out, const RemoteBuffer& bulk_in,
+                      std::span<uint8_t> dst) {
   auto header = proto::encode_header(h);
   uint8_t* p = dst.data();
   std::memcpy(p, header.data(), header.size());
@@ -68,7 +74,8 @@ Result<ControlMessage> decode_control(std::span<const uint8_t> bytes, proto::Fra
   }
   const size_t want = control_size(expect, m.header.message_len);
   if (bytes.size() != want) {
-    return bad(std::to_string(bytes.size()) + " bytes where the header announces " + std::to_string(want));
+    return bad(std::to_string(bytes.size()) + " bytes where the header announces " +
+               std::to_string(want));
   }
   m.message = bytes.subspan(proto::kFrameHeaderSize, m.header.message_len);
   if (expect == proto::FrameKind::kRequest) {
@@ -76,13 +83,15 @@ Result<ControlMessage> decode_control(std::span<const uint8_t> bytes, proto::Fra
     m.bulk_out = get_remote(d);
     m.bulk_in = get_remote(d + kRemoteBufferSize);
     if (m.bulk_out.len != m.header.bulk_len) {
-      return bad("descriptor names " + std::to_string(m.bulk_out.len) + " request bulk bytes, the header " +
-                 std::to_string(m.header.bulk_len));
+      return bad("descriptor names " + std::to_string(m.bulk_out.len) +
+                 " request bulk bytes, the header " + std::to_string(m.header.bulk_len));
     }
     if (m.bulk_in.len > proto::kMaxBulkBytes) {
-      return bad("response buffer of " + std::to_string(m.bulk_in.len) + " bytes is over the bulk limit");
+      return bad("response buffer of " + std::to_string(m.bulk_in.len) +
+                 " bytes is over the bulk limit");
     }
-    if ((m.bulk_out.len > 0 && m.bulk_out.addr == 0) || (m.bulk_in.len > 0 && m.bulk_in.addr == 0)) {
+    if ((m.bulk_out.len > 0 && m.bulk_out.addr == 0) ||
+        (m.bulk_in.len > 0 && m.bulk_in.addr == 0)) {
       return bad("descriptor names a null address");
     }
   }
@@ -100,26 +109,27 @@ void encode_connect_params(const ConnectParams& p, std::span<uint8_t, kConnectPa
 
 Result<ConnectParams> decode_connect_params(std::span<const uint8_t> bytes) {
   if (bytes.size() < kConnectParamsSize) {
-    return Status(Code::kProtocol, "RDMA connect data: " + std::to_string(bytes.size()) + " bytes, want " +
-                                       std::to_string(kConnectParamsSize));
+    return Status(Code::kProtocol, "RDMA connect data: " + std::to_string(bytes.size()) +
+                                       " bytes, want " + std::to_string(kConnectParamsSize));
   }
   if (get32(bytes.data()) != kConnectMagic) {
     return Status(Code::kProtocol, "RDMA connect data: bad magic (not a Penstock peer)");
   }
   const uint16_t version = static_cast<uint16_t>(bytes[4] | (bytes[5] << 8));
   if (version != kConnectVersion) {
-    return Status(Code::kProtocol, "RDMA connect data: version " + std::to_string(version) + ", this build speaks " +
-                                       std::to_string(kConnectVersion));
+    return Status(Code::kProtocol, "RDMA connect data: version " + std::to_string(version) +
+                                       ", this build speaks " + std::to_string(kConnectVersion));
   }
   ConnectParams p;
   p.recv_depth = get32(bytes.data() + 8);
   p.control_bytes = get32(bytes.data() + 12);
   if (p.recv_depth < 1 || p.recv_depth > kMaxRecvDepth) {
-    return Status(Code::kProtocol, "RDMA connect data: receive depth " + std::to_string(p.recv_depth) + " out of range");
+    return Status(Code::kProtocol, "RDMA connect data: receive depth " +
+                                       std::to_string(p.recv_depth) + " out of range");
   }
   if (p.control_bytes < kMinControlBytes || p.control_bytes > kMaxControlBytes) {
-    return Status(Code::kProtocol,
-                  "RDMA connect data: control buffer of " + std::to_string(p.control_bytes) + " bytes out of range");
+    return Status(Code::kProtocol, "RDMA connect data: control buffer of " +
+                                       std::to_string(p.control_bytes) + " bytes out of range");
   }
   return p;
 }

@@ -37,8 +37,9 @@ size_t control_size(proto::FrameKind kind, size_t message_len);
 
 // Writes header + message (+ the descriptor for requests) into `dst` and returns the byte count.
 // REQUIRES: dst.size() >= control_size(h.kind, message.size()); h.message_len == message.size().
-size_t encode_control(const proto::FrameHeader& h, std::span<const uint8_t> message, const RemoteBuffer& bulk_out,
-                      const RemoteBuffer& bulk_in, std::span<uint8_t> dst);
+size_t encode_control(const proto::FrameHeader& h, std::span<const uint8_t> message,
+                      const RemoteBuffer& bulk_out, const RemoteBuffer& bulk_in,
+                      std::span<uint8_t> dst);
 
 // Parses one received control message of kind `expect`. kProtocol when the header is invalid
 // (proto::decode_header), the kind differs, the size is not exactly header + message (+

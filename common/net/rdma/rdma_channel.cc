@@ -1,11 +1,12 @@
 // The client side of the RDMA transport: one queue pair per connection, driven by one thread.
 //
 // The connection thread owns every verbs object of its queue pair: it connects through rdma_cm,
-// takes calls from the submit queue (filled by start_call() from any thread, guarded by mu_), stages
-// bulk_out into the registered pool, SENDs the control message, and turns each received response
-// into the caller's reply (copying the response bulk out of the pool into bulk_in). It sleeps in
-// poll() on the completion channel, the rdma_cm channel and an eventfd (new calls, shutdown), with
-// a timeout at the earliest call deadline; woken, it drains the completion queue in bursts.
+// takes calls from the submit queue (filled by start_call() from any thread, guarded by mu_),
+// stages bulk_out into the registered pool, SENDs the control message, and turns each received
+// response into the caller's reply (copying the response bulk out of the pool into bulk_in). It
+// sleeps in poll() on the completion channel, the rdma_cm channel and an eventfd (new calls,
+// shutdown), with a timeout at the earliest call deadline; woken, it drains the completion queue in
+// bursts.
 //
 // Buffer ownership: the caller's buffers are never registered: the peer only ever touches pool
 // memory. So a call whose deadline passes is answered (kTimeout) at once; its window slot and
@@ -125,7 +126,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // ---- thread ----
   void run() {
     thread_id_.store(std::this_thread::get_id());
-    Status st = wake_fd_ < 0 ? Status(Code::kInternal, "eventfd: " + rdma::errno_text(errno)) : connect();
+    Status st =
+        wake_fd_ < 0 ? Status(Code::kInternal, "eventfd: " + rdma::errno_text(errno)) : connect();
     {
       std::lock_guard<std::mutex> lock(mu_);
       connect_status_ = st;
@@ -150,12 +152,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   // Waits for one rdma_cm event of type `want`; anything else (or the deadline) fails the connect.
-  Status expect_event(rdma_cm_event_type want, Clock::time_point deadline, rdma::ConnectParams* peer) {
+  Status expect_event(rdma_cm_event_type want, Clock::time_point deadline,
+                      rdma::ConnectParams* peer) {
     bool timed_out = false;
     std::string err;
     rdma_cm_event* ev = rdma::wait_cm_event(ec_, deadline, &timed_out, &err);
     if (ev == nullptr) {
-      return fail_connect(timed_out ? "timed out after " + std::to_string(options_.connect_timeout.count()) + " ms"
+      return fail_connect(timed_out ? "timed out after " +
+                                          std::to_string(options_.connect_timeout.count()) + " ms"
                                     : err);
     }
     const rdma_cm_event_type got = ev->event;
@@ -170,8 +174,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (status != 0) why += ", status " + std::to_string(status);
       result = fail_connect(why);
     } else if (peer != nullptr) {
-      auto p = rdma::decode_connect_params(std::span<const uint8_t>(
-          static_cast<const uint8_t*>(ev->param.conn.private_data), ev->param.conn.private_data_len));
+      auto p = rdma::decode_connect_params(
+          std::span<const uint8_t>(static_cast<const uint8_t*>(ev->param.conn.private_data),
+                                   ev->param.conn.private_data_len));
       if (!p.has_value()) {
         result = Status(Code::kProtocol, "from rdma " + address_ + ": " + p.error().message());
       } else {
@@ -188,7 +193,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     sockaddr_storage addr{};
     PENSTOCK_RETURN_IF_ERROR(rdma::resolve_sockaddr(server_, &addr));
     ec_ = rdma_create_event_channel();
-    if (ec_ == nullptr) return fail_connect("rdma_create_event_channel: " + rdma::errno_text(errno));
+    if (ec_ == nullptr)
+      return fail_connect("rdma_create_event_channel: " + rdma::errno_text(errno));
     rdma::set_nonblocking(ec_->fd);
     if (rdma_create_id(ec_, &id_, nullptr, RDMA_PS_TCP) != 0) {
       id_ = nullptr;
@@ -198,19 +204,23 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return fail_connect("rdma_resolve_addr: " + rdma::errno_text(errno));
     }
     PENSTOCK_RETURN_IF_ERROR(expect_event(RDMA_CM_EVENT_ADDR_RESOLVED, deadline, nullptr));
-    if (rdma_resolve_route(id_, timeout_ms) != 0) return fail_connect("rdma_resolve_route: " + rdma::errno_text(errno));
+    if (rdma_resolve_route(id_, timeout_ms) != 0)
+      return fail_connect("rdma_resolve_route: " + rdma::errno_text(errno));
     PENSTOCK_RETURN_IF_ERROR(expect_event(RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, nullptr));
 
     const uint32_t window = std::clamp<uint32_t>(options_.window, 1, rdma::kMaxRecvDepth);
-    const uint32_t ctrl = std::clamp<uint32_t>(options_.control_bytes, rdma::kMinControlBytes, rdma::kMaxControlBytes);
+    const uint32_t ctrl = std::clamp<uint32_t>(options_.control_bytes, rdma::kMinControlBytes,
+                                               rdma::kMaxControlBytes);
     pd_ = ibv_alloc_pd(id_->verbs);
     if (pd_ == nullptr) return fail_connect("ibv_alloc_pd: " + rdma::errno_text(errno));
     comp_ = ibv_create_comp_channel(id_->verbs);
-    if (comp_ == nullptr) return fail_connect("ibv_create_comp_channel: " + rdma::errno_text(errno));
+    if (comp_ == nullptr)
+      return fail_connect("ibv_create_comp_channel: " + rdma::errno_text(errno));
     rdma::set_nonblocking(comp_->fd);
     cq_ = ibv_create_cq(id_->verbs, static_cast<int>(3 * window + 8), nullptr, comp_, 0);
     if (cq_ == nullptr) return fail_connect("ibv_create_cq: " + rdma::errno_text(errno));
-    if (ibv_req_notify_cq(cq_, 0) != 0) return fail_connect("ibv_req_notify_cq: " + rdma::errno_text(errno));
+    if (ibv_req_notify_cq(cq_, 0) != 0)
+      return fail_connect("ibv_req_notify_cq: " + rdma::errno_text(errno));
     ibv_qp_init_attr qa{};
     qa.send_cq = cq_;
     qa.recv_cq = cq_;
@@ -219,7 +229,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     qa.cap.max_recv_wr = window;
     qa.cap.max_send_sge = 1;
     qa.cap.max_recv_sge = 1;
-    if (rdma_create_qp(id_, pd_, &qa) != 0) return fail_connect("rdma_create_qp: " + rdma::errno_text(errno));
+    if (rdma_create_qp(id_, pd_, &qa) != 0)
+      return fail_connect("rdma_create_qp: " + rdma::errno_text(errno));
     qp_created_ = true;
 
     auto recv = Ring::create(pd_, window, ctrl);
@@ -238,7 +249,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
 
     ibv_device_attr da{};
-    if (ibv_query_device(id_->verbs, &da) != 0) return fail_connect("ibv_query_device: " + rdma::errno_text(errno));
+    if (ibv_query_device(id_->verbs, &da) != 0)
+      return fail_connect("ibv_query_device: " + rdma::errno_text(errno));
     std::array<uint8_t, rdma::kConnectParamsSize> pdata{};
     rdma::encode_connect_params(rdma::ConnectParams{window, ctrl}, pdata);
     rdma_conn_param cp{};
@@ -248,7 +260,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     cp.initiator_depth = static_cast<uint8_t>(std::min(da.max_qp_init_rd_atom, 16));
     cp.retry_count = 7;
     cp.rnr_retry_count = 7;
-    if (rdma_connect(id_, &cp) != 0) return fail_connect("rdma_connect: " + rdma::errno_text(errno));
+    if (rdma_connect(id_, &cp) != 0)
+      return fail_connect("rdma_connect: " + rdma::errno_text(errno));
     rdma::ConnectParams peer;
     PENSTOCK_RETURN_IF_ERROR(expect_event(RDMA_CM_EVENT_ESTABLISHED, deadline, &peer));
     connected_ = true;
@@ -325,38 +338,50 @@ class Connection : public std::enable_shared_from_this<Connection> {
         done.emplace_back(std::move(q.done), timed_out());
         continue;
       }
-      if (call.message.size() > proto::kMaxMessageBytes || call.bulk_out.size() > proto::kMaxBulkBytes) {
+      if (call.message.size() > proto::kMaxMessageBytes ||
+          call.bulk_out.size() > proto::kMaxBulkBytes) {
         QueuedCall q = pop();
-        done.emplace_back(std::move(q.done),
-                          Status(Code::kInvalid, "request to rdma " + address_ + " is over the frame limits (message " +
-                                                     std::to_string(q.call.message.size()) + " bytes, bulk " +
-                                                     std::to_string(q.call.bulk_out.size()) + " bytes)"));
+        done.emplace_back(
+            std::move(q.done),
+            Status(Code::kInvalid, "request to rdma " + address_ +
+                                       " is over the frame limits (message " +
+                                       std::to_string(q.call.message.size()) + " bytes, bulk " +
+                                       std::to_string(q.call.bulk_out.size()) + " bytes)"));
         continue;
       }
       if (rdma::control_size(proto::FrameKind::kRequest, call.message.size()) > max_send_) {
         QueuedCall q = pop();
-        done.emplace_back(std::move(q.done),
-                          Status(Code::kInvalid, "request message of " + std::to_string(q.call.message.size()) +
-                                                     " bytes does not fit an RDMA control buffer of " +
-                                                     std::to_string(max_send_) + " bytes (to rdma " + address_ + ")"));
+        done.emplace_back(
+            std::move(q.done),
+            Status(Code::kInvalid, "request message of " + std::to_string(q.call.message.size()) +
+                                       " bytes does not fit an RDMA control buffer of " +
+                                       std::to_string(max_send_) + " bytes (to rdma " + address_ +
+                                       ")"));
         continue;
       }
       BufferPool::Buffer out, in;
       Status alloc_error;
       bool busy = false;
-      const bool idle = free_slots_.size() == slots_.size();  // nothing in flight will free the pool
+      const bool idle =
+          free_slots_.size() == slots_.size();  // nothing in flight will free the pool
       if (!call.bulk_out.empty()) {
         auto b = pool_->allocate(call.bulk_out.size(), idle);
-        if (!b.has_value()) alloc_error = b.error();
-        else if (!b->has_value()) busy = true;
-        else out = **b;
+        if (!b.has_value())
+          alloc_error = b.error();
+        else if (!b->has_value())
+          busy = true;
+        else
+          out = **b;
       }
       const size_t in_len = std::min<size_t>(call.bulk_in.size(), proto::kMaxBulkBytes);
       if (alloc_error.is_ok() && !busy && in_len > 0) {
         auto b = pool_->allocate(in_len, idle);
-        if (!b.has_value()) alloc_error = b.error();
-        else if (!b->has_value()) busy = true;
-        else in = **b;
+        if (!b.has_value())
+          alloc_error = b.error();
+        else if (!b->has_value())
+          busy = true;
+        else
+          in = **b;
       }
       if (!alloc_error.is_ok() || busy) {
         pool_->release(out);
@@ -369,7 +394,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       QueuedCall q = pop();
       const uint32_t s = free_slots_.back();
       free_slots_.pop_back();
-      if (!q.call.bulk_out.empty()) std::memcpy(out.data, q.call.bulk_out.data(), q.call.bulk_out.size());
+      if (!q.call.bulk_out.empty())
+        std::memcpy(out.data, q.call.bulk_out.data(), q.call.bulk_out.size());
       proto::FrameHeader h;
       h.kind = proto::FrameKind::kRequest;
       h.service = q.call.service;
@@ -378,10 +404,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
       h.message_len = static_cast<uint32_t>(q.call.message.size());
       h.bulk_len = static_cast<uint32_t>(q.call.bulk_out.size());
       RemoteBuffer rout, rin;
-      if (out.valid()) rout = RemoteBuffer{reinterpret_cast<uint64_t>(out.data), out.rkey, h.bulk_len};
-      if (in.valid()) rin = RemoteBuffer{reinterpret_cast<uint64_t>(in.data), in.rkey, static_cast<uint32_t>(in_len)};
+      if (out.valid())
+        rout = RemoteBuffer{reinterpret_cast<uint64_t>(out.data), out.rkey, h.bulk_len};
+      if (in.valid())
+        rin = RemoteBuffer{reinterpret_cast<uint64_t>(in.data), in.rkey,
+                           static_cast<uint32_t>(in_len)};
       const size_t n = rdma::encode_control(
-          h, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(q.call.message.data()), q.call.message.size()),
+          h,
+          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(q.call.message.data()),
+                                   q.call.message.size()),
           rout, rin, std::span<uint8_t>(send_->at(s), send_->bytes()));
       Slot& slot = slots_[s];
       slot.busy = true;
@@ -393,7 +424,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       slot.out = out;
       slot.in = in;
       by_id_[q.id] = s;
-      ibv_sge sge{reinterpret_cast<uint64_t>(send_->at(s)), static_cast<uint32_t>(n), send_->lkey()};
+      ibv_sge sge{reinterpret_cast<uint64_t>(send_->at(s)), static_cast<uint32_t>(n),
+                  send_->lkey()};
       ibv_send_wr wr{};
       wr.wr_id = kTagSend | s;
       wr.sg_list = &sge;
@@ -402,8 +434,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
       wr.send_flags = IBV_SEND_SIGNALED;
       ibv_send_wr* bad = nullptr;
       if (ibv_post_send(id_->qp, &wr, &bad) != 0) {
-        close_with(Status(Code::kUnavailable, "connection to rdma " + address_ + " lost: ibv_post_send: " +
-                                                  rdma::errno_text(errno)));
+        close_with(Status(
+            Code::kUnavailable,
+            "connection to rdma " + address_ + " lost: ibv_post_send: " + rdma::errno_text(errno)));
         return;
       }
     }
@@ -414,7 +447,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     while (!is_closed()) {
       int n = ibv_poll_cq(cq_, kBurst, wc);
       if (n < 0) {
-        close_with(Status(Code::kUnavailable, "connection to rdma " + address_ + " lost: ibv_poll_cq failed"));
+        close_with(Status(Code::kUnavailable,
+                          "connection to rdma " + address_ + " lost: ibv_poll_cq failed"));
         return;
       }
       if (n == 0) return;
@@ -425,42 +459,50 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void on_completion(const ibv_wc& wc, std::vector<Completion>& done) {
     if (wc.status != IBV_WC_SUCCESS) {
-      close_with(Status(Code::kUnavailable, "connection to rdma " + address_ + " lost: " +
-                                                ibv_wc_status_str(wc.status) + " (peer gone or queue pair error)"));
+      close_with(Status(Code::kUnavailable, "connection to rdma " + address_ +
+                                                " lost: " + ibv_wc_status_str(wc.status) +
+                                                " (peer gone or queue pair error)"));
       return;
     }
     if ((wc.wr_id & kTagMask) != kTagRecv) return;  // a SEND completed: nothing to free
     const uint32_t idx = static_cast<uint32_t>(wc.wr_id & ~kTagMask);
-    auto msg = rdma::decode_control(std::span<const uint8_t>(recv_->at(idx), wc.byte_len), proto::FrameKind::kResponse);
+    auto msg = rdma::decode_control(std::span<const uint8_t>(recv_->at(idx), wc.byte_len),
+                                    proto::FrameKind::kResponse);
     if (!msg.has_value()) {
       close_with(protocol(msg.error().message()));
       return;
     }
     auto it = by_id_.find(msg->header.request_id);
     if (it == by_id_.end()) {
-      close_with(protocol("response to request " + std::to_string(msg->header.request_id) + ", which is not in flight"));
+      close_with(protocol("response to request " + std::to_string(msg->header.request_id) +
+                          ", which is not in flight"));
       return;
     }
     const uint32_t s = it->second;
     Slot& slot = slots_[s];
     Result<CallReply> reply = CallReply{};
     if (msg->header.status != 0) {
-      reply = Status(static_cast<Code>(msg->header.status),
-                     std::string(reinterpret_cast<const char*>(msg->message.data()), msg->message.size()));
+      reply = Status(
+          static_cast<Code>(msg->header.status),
+          std::string(reinterpret_cast<const char*>(msg->message.data()), msg->message.size()));
     } else {
       const uint32_t bulk_len = msg->header.bulk_len;
       if (bulk_len > (slot.in.valid() ? slot.in.len : 0)) {
-        close_with(protocol("response to request " + std::to_string(slot.id) + " carries " + std::to_string(bulk_len) +
+        close_with(protocol("response to request " + std::to_string(slot.id) + " carries " +
+                            std::to_string(bulk_len) +
                             " bulk bytes, more than the caller's buffer holds"));
         return;
       }
       if (bulk_len > 0 && !slot.zombie) std::memcpy(slot.bulk_in.data(), slot.in.data, bulk_len);
-      reply = CallReply{std::string(reinterpret_cast<const char*>(msg->message.data()), msg->message.size()), bulk_len};
+      reply = CallReply{
+          std::string(reinterpret_cast<const char*>(msg->message.data()), msg->message.size()),
+          bulk_len};
     }
     // The buffer goes back before the slot frees: the server may answer the next request at once.
     if (rdma::post_ring_recv(id_->qp, *recv_, idx, kTagRecv) != 0) {
-      close_with(Status(Code::kUnavailable, "connection to rdma " + address_ + " lost: ibv_post_recv: " +
-                                                rdma::errno_text(errno)));
+      close_with(Status(
+          Code::kUnavailable,
+          "connection to rdma " + address_ + " lost: ibv_post_recv: " + rdma::errno_text(errno)));
       return;
     }
     by_id_.erase(it);
@@ -506,7 +548,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     if (stuck) {
       run_callbacks(done);
-      close_with(Status(Code::kUnavailable, "connection to rdma " + address_ + " stalled past a call deadline"));
+      close_with(Status(Code::kUnavailable,
+                        "connection to rdma " + address_ + " stalled past a call deadline"));
     }
   }
 
@@ -521,7 +564,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       earliest = std::min(earliest, slot.zombie ? slot.deadline + kZombieGrace : slot.deadline);
     }
     if (earliest == Clock::time_point::max()) return -1;
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(earliest - Clock::now()).count() + 1;
+    auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(earliest - Clock::now()).count() + 1;
     return static_cast<int>(std::clamp<int64_t>(ms, 0, 60000));
   }
 
@@ -533,7 +577,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       rdma_ack_cm_event(ev);
       if (type == RDMA_CM_EVENT_DISCONNECTED || type == RDMA_CM_EVENT_DEVICE_REMOVAL ||
           type == RDMA_CM_EVENT_TIMEWAIT_EXIT || type == RDMA_CM_EVENT_CONNECT_ERROR) {
-        close_with(Status(Code::kUnavailable, "connection to rdma " + address_ + " lost: " + rdma_event_str(type)));
+        close_with(Status(Code::kUnavailable,
+                          "connection to rdma " + address_ + " lost: " + rdma_event_str(type)));
         return;
       }
     }
@@ -556,11 +601,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const auto now = Clock::now();
     std::vector<Completion> done;
     for (auto& q : queued) {
-      done.emplace_back(std::move(q.done), now >= q.call.deadline ? Result<CallReply>(timed_out()) : Result<CallReply>(why));
+      done.emplace_back(std::move(q.done), now >= q.call.deadline ? Result<CallReply>(timed_out())
+                                                                  : Result<CallReply>(why));
     }
     for (Slot& slot : slots_) {
       if (slot.busy && !slot.zombie) {
-        done.emplace_back(std::move(slot.done), now >= slot.deadline ? Result<CallReply>(timed_out()) : Result<CallReply>(why));
+        done.emplace_back(std::move(slot.done), now >= slot.deadline
+                                                    ? Result<CallReply>(timed_out())
+                                                    : Result<CallReply>(why));
       }
     }
     teardown();
@@ -596,7 +644,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     ec_ = nullptr;
   }
 
-  Status protocol(const std::string& what) const { return Status(Code::kProtocol, "from rdma " + address_ + ": " + what); }
+  Status protocol(const std::string& what) const {
+    return Status(Code::kProtocol, "from rdma " + address_ + ": " + what);
+  }
   Status timed_out() const {
     return Status(Code::kTimeout, "no response from rdma " + address_ + " before the deadline");
   }
@@ -610,12 +660,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   std::mutex mu_;  // after RdmaChannelImpl::mu_
   std::condition_variable cv_;
-  bool closed_locked_ = false;       // guarded by mu_ (mirrored in closed_)
-  bool shutdown_ = false;            // guarded by mu_
-  bool connect_done_ = false;        // guarded by mu_
-  bool exited_ = false;              // guarded by mu_
-  Status connect_status_;            // guarded by mu_
-  std::deque<QueuedCall> queue_;     // guarded by mu_
+  bool closed_locked_ = false;    // guarded by mu_ (mirrored in closed_)
+  bool shutdown_ = false;         // guarded by mu_
+  bool connect_done_ = false;     // guarded by mu_
+  bool exited_ = false;           // guarded by mu_
+  Status connect_status_;         // guarded by mu_
+  std::deque<QueuedCall> queue_;  // guarded by mu_
 
   // Connection-thread state.
   rdma_event_channel* ec_ = nullptr;
@@ -637,7 +687,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 class RdmaChannelImpl : public RdmaChannel {
  public:
-  RdmaChannelImpl(Endpoint server, RdmaOptions options) : server_(std::move(server)), options_(options) {}
+  RdmaChannelImpl(Endpoint server, RdmaOptions options)
+      : server_(std::move(server)), options_(options) {}
 
   ~RdmaChannelImpl() override {
     std::vector<std::shared_ptr<Connection>> all;
@@ -674,7 +725,9 @@ class RdmaChannelImpl : public RdmaChannel {
       if (current_) retired_.push_back(std::move(current_));
       // Forget retired connections whose thread already let go of everything.
       retired_.erase(std::remove_if(retired_.begin(), retired_.end(),
-                                    [](const std::shared_ptr<Connection>& c) { return c.use_count() == 1 && c->is_closed(); }),
+                                    [](const std::shared_ptr<Connection>& c) {
+                                      return c.use_count() == 1 && c->is_closed();
+                                    }),
                      retired_.end());
       current_ = std::make_shared<Connection>(server_, options_);
       current_->start();
@@ -685,9 +738,9 @@ class RdmaChannelImpl : public RdmaChannel {
   const Endpoint server_;
   const RdmaOptions options_;
   std::atomic<uint64_t> next_id_{1};
-  std::mutex mu_;  // before Connection::mu_
-  std::shared_ptr<Connection> current_;                  // guarded by mu_
-  std::vector<std::shared_ptr<Connection>> retired_;     // guarded by mu_
+  std::mutex mu_;                                     // before Connection::mu_
+  std::shared_ptr<Connection> current_;               // guarded by mu_
+  std::vector<std::shared_ptr<Connection>> retired_;  // guarded by mu_
 };
 
 }  // namespace

@@ -71,9 +71,9 @@ class ServerConn;
 struct Outgoing {
   proto::FrameHeader header;
   std::string message;
-  BufferPool::Buffer staged;       // bulk in registered memory
-  std::vector<uint8_t> unstaged;   // bulk still to be staged (the pool was busy at reply time)
-  RemoteBuffer dest;               // the client's buffer for the bulk
+  BufferPool::Buffer staged;      // bulk in registered memory
+  std::vector<uint8_t> unstaged;  // bulk still to be staged (the pool was busy at reply time)
+  RemoteBuffer dest;              // the client's buffer for the bulk
   bool close_after = false;
 };
 
@@ -104,7 +104,8 @@ class ServerConn : public std::enable_shared_from_this<ServerConn> {
   ibv_cq* cq() const { return cq_; }
 
  private:
-  void on_completion(const ibv_wc& wc, const std::function<void(std::shared_ptr<RdmaRequest>)>& handler);
+  void on_completion(const ibv_wc& wc,
+                     const std::function<void(std::shared_ptr<RdmaRequest>)>& handler);
   bool post_read(const std::shared_ptr<RequestImpl>& req);
   void fail(const std::string& why, bool warn);
 
@@ -113,9 +114,9 @@ class ServerConn : public std::enable_shared_from_this<ServerConn> {
   rdma_cm_id* id_;
   std::string peer_ = "unknown rdma peer";
 
-  std::mutex mu_;  // leaf
-  bool closed_ = false;                 // guarded by mu_
-  std::deque<Outgoing> outgoing_;       // guarded by mu_
+  std::mutex mu_;                  // leaf
+  bool closed_ = false;            // guarded by mu_
+  std::deque<Outgoing> outgoing_;  // guarded by mu_
 
   // Event-thread state.
   bool closed_thread_ = false;
@@ -125,19 +126,19 @@ class ServerConn : public std::enable_shared_from_this<ServerConn> {
   std::unique_ptr<Ring> recv_;
   std::unique_ptr<Ring> send_;
   uint32_t recv_depth_ = 0;
-  uint32_t peer_ctrl_ = 0;  // the most bytes one response SEND may take
+  uint32_t peer_ctrl_ = 0;    // the most bytes one response SEND may take
   uint32_t outstanding_ = 0;  // requests received and not yet answered
   std::vector<uint32_t> free_sends_;
   std::vector<Outgoing> sends_;  // by send slot: in flight until its SEND completes
   std::vector<uint32_t> free_reads_;
-  std::vector<std::shared_ptr<RequestImpl>> reads_;  // by read slot
+  std::vector<std::shared_ptr<RequestImpl>> reads_;         // by read slot
   std::deque<std::shared_ptr<RequestImpl>> waiting_reads_;  // the pool was busy
   std::deque<Outgoing> stalled_;  // responses waiting for a send slot or pool space (event thread)
 };
 
 struct Shared {
   int wake_fd = -1;
-  std::mutex mu;  // leaf
+  std::mutex mu;                                   // leaf
   std::vector<std::shared_ptr<ServerConn>> ready;  // guarded by mu: connections with queued replies
   void wake() {
     uint64_t one = 1;
@@ -149,18 +150,23 @@ struct Shared {
 class RequestImpl : public RdmaRequest {
  public:
   RequestImpl(std::shared_ptr<ServerConn> conn, const rdma::ControlMessage& m)
-      : conn_(std::move(conn)), header_(m.header), message_(m.message.begin(), m.message.end()),
-        source_(m.bulk_out), dest_(m.bulk_in) {}
+      : conn_(std::move(conn)),
+        header_(m.header),
+        message_(m.message.begin(), m.message.end()),
+        source_(m.bulk_out),
+        dest_(m.bulk_in) {}
   ~RequestImpl() override { conn_->device()->pool->release(bulk_); }
 
   const proto::FrameHeader& header() const override { return header_; }
   std::span<const uint8_t> message() const override { return message_; }
   std::span<const uint8_t> bulk() const override {
-    return bulk_.valid() ? std::span<const uint8_t>(bulk_.data, header_.bulk_len) : std::span<const uint8_t>();
+    return bulk_.valid() ? std::span<const uint8_t>(bulk_.data, header_.bulk_len)
+                         : std::span<const uint8_t>();
   }
   const std::string& peer() const override { return conn_->peer(); }
 
-  void reply(uint32_t status, std::string message, std::vector<uint8_t> bulk, bool close_after) override {
+  void reply(uint32_t status, std::string message, std::vector<uint8_t> bulk,
+             bool close_after) override {
     if (replied_.exchange(true)) return;
     conn_->device()->pool->release(bulk_);  // the handler is done with the request bulk
     Outgoing o;
@@ -245,12 +251,16 @@ bool ServerConn::queue_reply(Outgoing o) {
 
 Status ServerConn::setup(const rdma::ConnectParams& peer, const RdmaServerOptions& o) {
   recv_depth_ = std::clamp<uint32_t>(o.recv_depth, 1, rdma::kMaxRecvDepth);
-  const uint32_t ctrl = std::clamp<uint32_t>(o.control_bytes, rdma::kMinControlBytes, rdma::kMaxControlBytes);
-  peer_ctrl_ = std::min(ctrl, peer.control_bytes);  // our send buffers and the client's receive buffers
+  const uint32_t ctrl =
+      std::clamp<uint32_t>(o.control_bytes, rdma::kMinControlBytes, rdma::kMaxControlBytes);
+  peer_ctrl_ =
+      std::min(ctrl, peer.control_bytes);  // our send buffers and the client's receive buffers
   const uint32_t sends = 2 * recv_depth_;
-  cq_ = ibv_create_cq(id_->verbs, static_cast<int>(recv_depth_ + recv_depth_ + sends + 16), this, dev_->comp, 0);
+  cq_ = ibv_create_cq(id_->verbs, static_cast<int>(recv_depth_ + recv_depth_ + sends + 16), this,
+                      dev_->comp, 0);
   if (cq_ == nullptr) return Status(Code::kInternal, "ibv_create_cq: " + rdma::errno_text(errno));
-  if (ibv_req_notify_cq(cq_, 0) != 0) return Status(Code::kInternal, "ibv_req_notify_cq: " + rdma::errno_text(errno));
+  if (ibv_req_notify_cq(cq_, 0) != 0)
+    return Status(Code::kInternal, "ibv_req_notify_cq: " + rdma::errno_text(errno));
   ibv_qp_init_attr qa{};
   qa.send_cq = cq_;
   qa.recv_cq = cq_;
@@ -259,7 +269,8 @@ Status ServerConn::setup(const rdma::ConnectParams& peer, const RdmaServerOption
   qa.cap.max_recv_wr = recv_depth_;
   qa.cap.max_send_sge = 1;
   qa.cap.max_recv_sge = 1;
-  if (rdma_create_qp(id_, dev_->pd, &qa) != 0) return Status(Code::kInternal, "rdma_create_qp: " + rdma::errno_text(errno));
+  if (rdma_create_qp(id_, dev_->pd, &qa) != 0)
+    return Status(Code::kInternal, "rdma_create_qp: " + rdma::errno_text(errno));
   qp_created_ = true;
   PENSTOCK_ASSIGN_OR_RETURN(recv_, Ring::create(dev_->pd, recv_depth_, ctrl));
   PENSTOCK_ASSIGN_OR_RETURN(send_, Ring::create(dev_->pd, sends, peer_ctrl_));
@@ -317,7 +328,8 @@ void ServerConn::drain_cq(const std::function<void(std::shared_ptr<RdmaRequest>)
   }
 }
 
-void ServerConn::on_completion(const ibv_wc& wc, const std::function<void(std::shared_ptr<RdmaRequest>)>& handler) {
+void ServerConn::on_completion(const ibv_wc& wc,
+                               const std::function<void(std::shared_ptr<RdmaRequest>)>& handler) {
   if (wc.status != IBV_WC_SUCCESS) {
     fail(std::string(ibv_wc_status_str(wc.status)) + " (client gone, or it named a bad buffer)",
          wc.status != IBV_WC_WR_FLUSH_ERR);
@@ -341,13 +353,15 @@ void ServerConn::on_completion(const ibv_wc& wc, const std::function<void(std::s
     return;
   }
   // A request.
-  auto m = rdma::decode_control(std::span<const uint8_t>(recv_->at(idx), wc.byte_len), proto::FrameKind::kRequest);
+  auto m = rdma::decode_control(std::span<const uint8_t>(recv_->at(idx), wc.byte_len),
+                                proto::FrameKind::kRequest);
   if (!m.has_value()) {
     fail(m.error().message(), true);
     return;
   }
   if (outstanding_ >= recv_depth_) {
-    fail("client sent more than " + std::to_string(recv_depth_) + " requests ahead (its credits)", true);
+    fail("client sent more than " + std::to_string(recv_depth_) + " requests ahead (its credits)",
+         true);
     return;
   }
   ++outstanding_;
@@ -376,7 +390,8 @@ bool ServerConn::post_read(const std::shared_ptr<RequestImpl>& req) {
   const uint32_t slot = free_reads_.back();
   free_reads_.pop_back();
   reads_[slot] = req;
-  ibv_sge sge{reinterpret_cast<uint64_t>(req->bulk_buffer().data), req->source().len, req->bulk_buffer().lkey};
+  ibv_sge sge{reinterpret_cast<uint64_t>(req->bulk_buffer().data), req->source().len,
+              req->bulk_buffer().lkey};
   ibv_send_wr wr{};
   wr.wr_id = kTagRead | slot;
   wr.sg_list = &sge;
@@ -386,7 +401,8 @@ bool ServerConn::post_read(const std::shared_ptr<RequestImpl>& req) {
   wr.wr.rdma.remote_addr = req->source().addr;
   wr.wr.rdma.rkey = req->source().rkey;
   ibv_send_wr* bad = nullptr;
-  if (ibv_post_send(id_->qp, &wr, &bad) != 0) fail("ibv_post_send (RDMA READ): " + rdma::errno_text(errno), false);
+  if (ibv_post_send(id_->qp, &wr, &bad) != 0)
+    fail("ibv_post_send (RDMA READ): " + rdma::errno_text(errno), false);
   return true;
 }
 
@@ -398,7 +414,9 @@ void ServerConn::retry_reads(const std::function<void(std::shared_ptr<RdmaReques
   }
 }
 
-bool ServerConn::has_stalled_work() { return !closed_thread_ && (!waiting_reads_.empty() || !stalled_.empty()); }
+bool ServerConn::has_stalled_work() {
+  return !closed_thread_ && (!waiting_reads_.empty() || !stalled_.empty());
+}
 
 void ServerConn::flush_outgoing() {
   {
@@ -415,7 +433,8 @@ void ServerConn::flush_outgoing() {
       if (b.has_value() && !b->has_value()) return;  // still busy: retried later
       if (!b.has_value()) {
         o.header.status = static_cast<uint32_t>(Code::kInternal);
-        o.message = b.error().message().substr(0, std::min<size_t>(peer_ctrl_ - proto::kFrameHeaderSize, kMaxErrorText));
+        o.message = b.error().message().substr(
+            0, std::min<size_t>(peer_ctrl_ - proto::kFrameHeaderSize, kMaxErrorText));
         o.header.message_len = static_cast<uint32_t>(o.message.size());
         o.header.bulk_len = 0;
       } else {
@@ -430,9 +449,12 @@ void ServerConn::flush_outgoing() {
     stalled_.pop_front();
     Outgoing& s = sends_[slot];
     const size_t n = rdma::encode_control(
-        s.header, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.message.data()), s.message.size()), {}, {},
-        std::span<uint8_t>(send_->at(slot), send_->bytes()));
-    ibv_sge ctl{reinterpret_cast<uint64_t>(send_->at(slot)), static_cast<uint32_t>(n), send_->lkey()};
+        s.header,
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.message.data()),
+                                 s.message.size()),
+        {}, {}, std::span<uint8_t>(send_->at(slot), send_->bytes()));
+    ibv_sge ctl{reinterpret_cast<uint64_t>(send_->at(slot)), static_cast<uint32_t>(n),
+                send_->lkey()};
     ibv_send_wr send_wr{};
     send_wr.wr_id = kTagSend | slot;
     send_wr.sg_list = &ctl;
@@ -491,7 +513,9 @@ void ServerConn::close() {
 class ListenerImpl : public RdmaListener {
  public:
   ListenerImpl(RdmaServerOptions options, RdmaRequestHandler handler)
-      : options_(std::move(options)), handler_(std::move(handler)), shared_(std::make_shared<Shared>()) {}
+      : options_(std::move(options)),
+        handler_(std::move(handler)),
+        shared_(std::make_shared<Shared>()) {}
 
   ~ListenerImpl() override {
     stop();
@@ -503,20 +527,26 @@ class ListenerImpl : public RdmaListener {
     if (shared_->wake_fd < 0) return Status(Code::kInternal, "eventfd: " + rdma::errno_text(errno));
     const std::string where = "rdma " + options_.listen.to_string();
     sockaddr_storage addr{};
-    PENSTOCK_RETURN_IF_ERROR(rdma::resolve_sockaddr(options_.listen, &addr).with_context("cannot listen on " + where));
+    PENSTOCK_RETURN_IF_ERROR(
+        rdma::resolve_sockaddr(options_.listen, &addr).with_context("cannot listen on " + where));
     ec_ = rdma_create_event_channel();
-    if (ec_ == nullptr) return Status(Code::kUnavailable, "cannot listen on " + where + ": no RDMA support (" + rdma::errno_text(errno) + ")");
+    if (ec_ == nullptr)
+      return Status(Code::kUnavailable, "cannot listen on " + where + ": no RDMA support (" +
+                                            rdma::errno_text(errno) + ")");
     rdma::set_nonblocking(ec_->fd);
     if (rdma_create_id(ec_, &listen_id_, nullptr, RDMA_PS_TCP) != 0) {
       listen_id_ = nullptr;
-      return Status(Code::kUnavailable, "cannot listen on " + where + ": rdma_create_id: " + rdma::errno_text(errno));
+      return Status(Code::kUnavailable,
+                    "cannot listen on " + where + ": rdma_create_id: " + rdma::errno_text(errno));
     }
     if (rdma_bind_addr(listen_id_, reinterpret_cast<sockaddr*>(&addr)) != 0) {
-      return Status(Code::kUnavailable, "cannot listen on " + where + ": bind: " + rdma::errno_text(errno) +
-                                            " (is the port taken, or does no RDMA device serve this address?)");
+      return Status(Code::kUnavailable,
+                    "cannot listen on " + where + ": bind: " + rdma::errno_text(errno) +
+                        " (is the port taken, or does no RDMA device serve this address?)");
     }
     if (rdma_listen(listen_id_, 128) != 0) {
-      return Status(Code::kUnavailable, "cannot listen on " + where + ": " + rdma::errno_text(errno));
+      return Status(Code::kUnavailable,
+                    "cannot listen on " + where + ": " + rdma::errno_text(errno));
     }
     port_ = ntohs(rdma_get_src_port(listen_id_));
     thread_ = std::thread([this] { loop(); });
@@ -638,8 +668,9 @@ class ListenerImpl : public RdmaListener {
       const rdma_cm_event_type type = ev->event;
       rdma_cm_id* id = ev->id;
       if (type == RDMA_CM_EVENT_CONNECT_REQUEST) {
-        auto params = rdma::decode_connect_params(std::span<const uint8_t>(
-            static_cast<const uint8_t*>(ev->param.conn.private_data), ev->param.conn.private_data_len));
+        auto params = rdma::decode_connect_params(
+            std::span<const uint8_t>(static_cast<const uint8_t*>(ev->param.conn.private_data),
+                                     ev->param.conn.private_data_len));
         const uint8_t their_initiator = ev->param.conn.initiator_depth;
         const uint8_t their_responder = ev->param.conn.responder_resources;
         rdma_ack_cm_event(ev);
@@ -648,9 +679,7 @@ class ListenerImpl : public RdmaListener {
       }
       rdma_ack_cm_event(ev);
       if (id == listen_id_) {
-        if (type == RDMA_CM_EVENT_DEVICE_REMOVAL) {
-          PENSTOCK_LOG(Error) << "RDMA listener on port " << port_ << ": device removed; no more RDMA connections";
-        }
+        if (type == RDMA_CM_EVENT_DEVICE_REMOVAL) device_removed();
         continue;
       }
       auto it = conns_.find(id);
@@ -660,11 +689,28 @@ class ListenerImpl : public RdmaListener {
         continue;
       }
       // DISCONNECTED, TIMEWAIT_EXIT, DEVICE_REMOVAL, CONNECT_ERROR, UNREACHABLE, REJECTED.
-      PENSTOCK_LOG(Debug) << "rdma connection from " << it->second->peer() << ": " << rdma_event_str(type);
+      PENSTOCK_LOG(Debug) << "rdma connection from " << it->second->peer() << ": "
+                          << rdma_event_str(type);
       it->second->close();
       conns_.erase(it);
       rdma_destroy_id(id);
     }
+  }
+
+  // The device under the listener is going away. The kernel (for rxe: no forced disassociation)
+  // waits until every object on it is released, so release them all now: every connection, the
+  // listener's id, and our per-device objects (the last request still being handled drops them).
+  void device_removed() {
+    PENSTOCK_LOG(Error) << "RDMA listener on port " << port_
+                        << ": device removed; no more RDMA connections (TCP goes on)";
+    for (auto& [id, conn] : conns_) {
+      conn->close();
+      rdma_destroy_id(id);
+    }
+    conns_.clear();
+    devices_.clear();
+    rdma_destroy_id(listen_id_);
+    listen_id_ = nullptr;
   }
 
   void accept(rdma_cm_id* id, const Result<rdma::ConnectParams>& params, uint8_t their_initiator,
@@ -688,15 +734,17 @@ class ListenerImpl : public RdmaListener {
       return reject(st.to_string());
     }
     std::array<uint8_t, rdma::kConnectParamsSize> pdata{};
-    rdma::encode_connect_params(rdma::ConnectParams{std::clamp<uint32_t>(options_.recv_depth, 1, rdma::kMaxRecvDepth),
-                                                    std::clamp<uint32_t>(options_.control_bytes, rdma::kMinControlBytes,
-                                                                         rdma::kMaxControlBytes)},
-                                pdata);
+    rdma::encode_connect_params(
+        rdma::ConnectParams{std::clamp<uint32_t>(options_.recv_depth, 1, rdma::kMaxRecvDepth),
+                            std::clamp<uint32_t>(options_.control_bytes, rdma::kMinControlBytes,
+                                                 rdma::kMaxControlBytes)},
+        pdata);
     rdma_conn_param cp{};
     cp.private_data = pdata.data();
     cp.private_data_len = static_cast<uint8_t>(pdata.size());
     cp.responder_resources = static_cast<uint8_t>(std::min<int>(their_initiator, dev->max_rd_atom));
-    cp.initiator_depth = static_cast<uint8_t>(std::min<int>(their_responder, dev->max_init_rd_atom));
+    cp.initiator_depth =
+        static_cast<uint8_t>(std::min<int>(their_responder, dev->max_init_rd_atom));
     cp.retry_count = 7;
     cp.rnr_retry_count = 7;
     if (rdma_accept(id, &cp) != 0) {
@@ -716,7 +764,7 @@ class ListenerImpl : public RdmaListener {
   rdma_cm_id* listen_id_ = nullptr;
   uint16_t port_ = 0;
   std::thread thread_;
-  std::mutex mu_;  // leaf
+  std::mutex mu_;         // leaf
   bool stopped_ = false;  // guarded by mu_
   // Event-thread state (and stop() after the join).
   std::vector<std::shared_ptr<Device>> devices_;
@@ -725,7 +773,8 @@ class ListenerImpl : public RdmaListener {
 
 }  // namespace
 
-Result<std::unique_ptr<RdmaListener>> RdmaListener::start(const RdmaServerOptions& options, RdmaRequestHandler handler) {
+Result<std::unique_ptr<RdmaListener>> RdmaListener::start(const RdmaServerOptions& options,
+                                                          RdmaRequestHandler handler) {
   auto l = std::make_unique<ListenerImpl>(options, std::move(handler));
   Status st = l->init();
   if (!st.is_ok()) {

@@ -36,7 +36,8 @@ bool rdma_can_reach(const Endpoint& server, std::chrono::milliseconds timeout) {
       return good;
     };
     ok = rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&addr), ms) == 0 &&
-         step(RDMA_CM_EVENT_ADDR_RESOLVED) && rdma_resolve_route(id, ms) == 0 && step(RDMA_CM_EVENT_ROUTE_RESOLVED);
+         step(RDMA_CM_EVENT_ADDR_RESOLVED) && rdma_resolve_route(id, ms) == 0 &&
+         step(RDMA_CM_EVENT_ROUTE_RESOLVED);
     rdma_destroy_id(id);
   }
   rdma_destroy_event_channel(ec);

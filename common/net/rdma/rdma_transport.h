@@ -43,10 +43,11 @@ bool rdma_can_reach(const Endpoint& server, std::chrono::milliseconds timeout);
 
 struct RdmaOptions {
   std::chrono::milliseconds connect_timeout{3000};
-  uint32_t window = 64;              // requests in flight per queue pair (capped by the server's)
-  uint32_t control_bytes = 16384;    // one control message buffer (frame header + message + descriptor)
-  size_t pool_bytes = 32u << 20;     // registered staging memory per queue pair
-  size_t slot_bytes = 64u << 10;     // allocation granule of the staging pool
+  uint32_t window = 64;  // requests in flight per queue pair (capped by the server's)
+  uint32_t control_bytes =
+      16384;  // one control message buffer (frame header + message + descriptor)
+  size_t pool_bytes = 32u << 20;  // registered staging memory per queue pair
+  size_t slot_bytes = 64u << 10;  // allocation granule of the staging pool
 };
 
 // An RDMA channel. Connects lazily on the first call (or in connect_now()) and again after a
@@ -64,10 +65,10 @@ std::shared_ptr<RdmaChannel> make_rdma_channel(Endpoint server, RdmaOptions opti
 // ---- server side ----
 
 struct RdmaServerOptions {
-  Endpoint listen{"0.0.0.0", 0};     // port 0: pick one (see RdmaListener::port())
-  uint32_t recv_depth = 128;         // receive buffers per queue pair: the most a client may send ahead
+  Endpoint listen{"0.0.0.0", 0};  // port 0: pick one (see RdmaListener::port())
+  uint32_t recv_depth = 128;  // receive buffers per queue pair: the most a client may send ahead
   uint32_t control_bytes = 16384;
-  size_t pool_bytes = 64u << 20;     // registered bulk memory per device, shared by its connections
+  size_t pool_bytes = 64u << 20;  // registered bulk memory per device, shared by its connections
   size_t slot_bytes = 64u << 10;
   uint32_t max_connections = 1024;
 };
@@ -85,7 +86,8 @@ class RdmaRequest {
   // buffer first), or an error code with its text as message and no bulk. close_after closes the
   // connection once it was sent. A response bulk larger than the client's buffer becomes a
   // kProtocol error response. Dropped silently when the connection is gone.
-  virtual void reply(uint32_t status, std::string message, std::vector<uint8_t> bulk, bool close_after) = 0;
+  virtual void reply(uint32_t status, std::string message, std::vector<uint8_t> bulk,
+                     bool close_after) = 0;
 };
 
 using RdmaRequestHandler = std::function<void(std::shared_ptr<RdmaRequest>)>;
@@ -94,7 +96,8 @@ class RdmaListener {
  public:
   // Binds, listens and starts the event thread. kUnavailable naming the address when no RDMA
   // device serves it or the port is taken. `handler` runs on the event thread and must not block.
-  static Result<std::unique_ptr<RdmaListener>> start(const RdmaServerOptions& options, RdmaRequestHandler handler);
+  static Result<std::unique_ptr<RdmaListener>> start(const RdmaServerOptions& options,
+                                                     RdmaRequestHandler handler);
   virtual ~RdmaListener() = default;  // stops
   virtual uint16_t port() const = 0;
   // Stops accepting, disconnects every client and joins the event thread. Requests still being

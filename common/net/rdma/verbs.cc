@@ -29,19 +29,22 @@ void free_pages(uint8_t* p, size_t bytes) {
 
 std::string errno_text(int err) { return std::string(std::strerror(err)); }
 
-Result<std::unique_ptr<BufferPool>> BufferPool::create(ibv_pd* pd, size_t bytes, size_t slot_bytes) {
+Result<std::unique_ptr<BufferPool>> BufferPool::create(ibv_pd* pd, size_t bytes,
+                                                       size_t slot_bytes) {
   if (slot_bytes == 0) slot_bytes = 64u << 10;
   const size_t slots = std::max<size_t>(1, (bytes + slot_bytes - 1) / slot_bytes);
   const size_t total = slots * slot_bytes;
   uint8_t* base = alloc_pages(total);
   if (base == nullptr) {
-    return Status(Code::kInternal, "cannot allocate a " + std::to_string(total) + "-byte RDMA pool: " + errno_text(errno));
+    return Status(Code::kInternal, "cannot allocate a " + std::to_string(total) +
+                                       "-byte RDMA pool: " + errno_text(errno));
   }
   ibv_mr* mr = ibv_reg_mr(pd, base, total, kAccess);
   if (mr == nullptr) {
     int err = errno;
     free_pages(base, total);
-    return Status(Code::kInternal, "cannot register a " + std::to_string(total) + "-byte RDMA pool: " + errno_text(err) +
+    return Status(Code::kInternal, "cannot register a " + std::to_string(total) +
+                                       "-byte RDMA pool: " + errno_text(err) +
                                        " (is the locked-memory limit, ulimit -l, high enough?)");
   }
   return std::unique_ptr<BufferPool>(new BufferPool(pd, base, mr, slots, slot_bytes));
@@ -59,19 +62,23 @@ Result<std::optional<BufferPool::Buffer>> BufferPool::allocate(size_t len, bool 
     std::lock_guard<std::mutex> lock(mu_);
     auto first = alloc_.allocate(len);
     if (first.has_value()) {
-      return std::optional<Buffer>(Buffer{base_ + *first * alloc_.slot_bytes(), len, mr_->lkey, mr_->rkey, *first, nullptr});
+      return std::optional<Buffer>(
+          Buffer{base_ + *first * alloc_.slot_bytes(), len, mr_->lkey, mr_->rkey, *first, nullptr});
     }
     if (!force) return std::optional<Buffer>();
   }
   {
     // Larger than the whole pool: a region of its own (the one registration off the pool).
     uint8_t* p = alloc_pages(len);
-    if (p == nullptr) return Status(Code::kInternal, "cannot allocate " + std::to_string(len) + " bytes for RDMA bulk");
+    if (p == nullptr)
+      return Status(Code::kInternal,
+                    "cannot allocate " + std::to_string(len) + " bytes for RDMA bulk");
     ibv_mr* mr = ibv_reg_mr(pd_, p, len, kAccess);
     if (mr == nullptr) {
       int err = errno;
       free_pages(p, len);
-      return Status(Code::kInternal, "cannot register " + std::to_string(len) + " bytes for RDMA bulk: " + errno_text(err));
+      return Status(Code::kInternal, "cannot register " + std::to_string(len) +
+                                         " bytes for RDMA bulk: " + errno_text(err));
     }
     PENSTOCK_LOG(Debug) << "RDMA bulk of " << len << " bytes does not fit the free part of the "
                         << alloc_.capacity_bytes() << "-byte pool; registered a region for it";
@@ -94,7 +101,8 @@ void BufferPool::release(Buffer& b) {
 Result<std::unique_ptr<Ring>> Ring::create(ibv_pd* pd, uint32_t count, uint32_t bytes) {
   const size_t total = static_cast<size_t>(count) * bytes;
   uint8_t* base = alloc_pages(total);
-  if (base == nullptr) return Status(Code::kInternal, "cannot allocate RDMA control buffers: " + errno_text(errno));
+  if (base == nullptr)
+    return Status(Code::kInternal, "cannot allocate RDMA control buffers: " + errno_text(errno));
   ibv_mr* mr = ibv_reg_mr(pd, base, total, IBV_ACCESS_LOCAL_WRITE);
   if (mr == nullptr) {
     int err = errno;
@@ -126,8 +134,9 @@ Status resolve_sockaddr(const Endpoint& ep, sockaddr_storage* out) {
   return Status::ok();
 }
 
-rdma_cm_event* wait_cm_event(rdma_event_channel* channel, std::chrono::steady_clock::time_point deadline,
-                             bool* timed_out, std::string* error) {
+rdma_cm_event* wait_cm_event(rdma_event_channel* channel,
+                             std::chrono::steady_clock::time_point deadline, bool* timed_out,
+                             std::string* error) {
   *timed_out = false;
   for (;;) {
     rdma_cm_event* ev = nullptr;
@@ -136,7 +145,8 @@ rdma_cm_event* wait_cm_event(rdma_event_channel* channel, std::chrono::steady_cl
       *error = errno_text(errno);
       return nullptr;
     }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       *timed_out = true;
       return nullptr;

@@ -57,7 +57,7 @@ class BufferPool {
   ibv_pd* pd_;
   uint8_t* base_;
   ibv_mr* mr_;
-  std::mutex mu_;  // leaf
+  std::mutex mu_;        // leaf
   SlotAllocator alloc_;  // guarded by mu_
 };
 
@@ -74,7 +74,8 @@ class Ring {
   uint32_t count() const { return count_; }
 
  private:
-  Ring(uint8_t* base, ibv_mr* mr, uint32_t count, uint32_t bytes) : base_(base), mr_(mr), count_(count), bytes_(bytes) {}
+  Ring(uint8_t* base, ibv_mr* mr, uint32_t count, uint32_t bytes)
+      : base_(base), mr_(mr), count_(count), bytes_(bytes) {}
   uint8_t* base_;
   ibv_mr* mr_;
   uint32_t count_;
@@ -86,8 +87,9 @@ Status resolve_sockaddr(const Endpoint& ep, sockaddr_storage* out);
 
 // Waits for the next event on `channel` up to `deadline`; nullptr with `*timed_out` set, or with
 // errno text in `*error`.
-rdma_cm_event* wait_cm_event(rdma_event_channel* channel, std::chrono::steady_clock::time_point deadline,
-                             bool* timed_out, std::string* error);
+rdma_cm_event* wait_cm_event(rdma_event_channel* channel,
+                             std::chrono::steady_clock::time_point deadline, bool* timed_out,
+                             std::string* error);
 
 // "errno text" for the last failed verbs/cm call.
 std::string errno_text(int err);

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <infiniband/verbs.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <rdma/rdma_cma.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -16,9 +18,6 @@
 #include <memory>
 #include <span>
 #include <vector>
-
-#include <infiniband/verbs.h>
-#include <rdma/rdma_cma.h>
 
 #include "common/base/result.h"
 #include "common/net/channel_factory.h"
@@ -81,10 +80,12 @@ class RawRdmaPeer : public RawPeer {
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_port = htons(ep.port);
-    if (inet_pton(AF_INET, ep.host.c_str(), &sa.sin_addr) != 1) return Status(Code::kInvalid, "need an IPv4 address");
+    if (inet_pton(AF_INET, ep.host.c_str(), &sa.sin_addr) != 1)
+      return Status(Code::kInvalid, "need an IPv4 address");
     p->ec_ = rdma_create_event_channel();
     if (p->ec_ == nullptr) return Status(Code::kUnavailable, "rdma_create_event_channel");
-    if (rdma_create_id(p->ec_, &p->id_, nullptr, RDMA_PS_TCP) != 0) return Status(Code::kUnavailable, "rdma_create_id");
+    if (rdma_create_id(p->ec_, &p->id_, nullptr, RDMA_PS_TCP) != 0)
+      return Status(Code::kUnavailable, "rdma_create_id");
     if (rdma_resolve_addr(p->id_, nullptr, reinterpret_cast<sockaddr*>(&sa), 2000) != 0 ||
         !p->expect(RDMA_CM_EVENT_ADDR_RESOLVED)) {
       return Status(Code::kUnavailable, "resolve addr");
@@ -109,7 +110,8 @@ class RawRdmaPeer : public RawPeer {
                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
     if (p->mr_ == nullptr) return Status(Code::kUnavailable, "reg mr");
     for (uint32_t i = 0; i < 16; ++i) {
-      ibv_sge sge{reinterpret_cast<uint64_t>(p->buf_.data() + 65536 + i * 8192), 8192, p->mr_->lkey};
+      ibv_sge sge{reinterpret_cast<uint64_t>(p->buf_.data() + 65536 + i * 8192), 8192,
+                  p->mr_->lkey};
       ibv_recv_wr wr{};
       wr.wr_id = i;
       wr.sg_list = &sge;
@@ -137,7 +139,8 @@ class RawRdmaPeer : public RawPeer {
   Status send(std::span<const uint8_t> bytes) override {
     if (bytes.size() > 65536) return Status(Code::kInvalid, "too long");
     std::memcpy(buf_.data(), bytes.data(), bytes.size());
-    ibv_sge sge{reinterpret_cast<uint64_t>(buf_.data()), static_cast<uint32_t>(bytes.size()), mr_->lkey};
+    ibv_sge sge{reinterpret_cast<uint64_t>(buf_.data()), static_cast<uint32_t>(bytes.size()),
+                mr_->lkey};
     ibv_send_wr wr{};
     wr.wr_id = 1000;
     wr.sg_list = &sge;
@@ -205,7 +208,8 @@ class RawRdmaPeer : public RawPeer {
   bool failed_ = false;
 };
 
-inline Result<std::unique_ptr<RawPeer>> make_raw_peer(net::TransportKind kind, const net::Endpoint& ep,
+inline Result<std::unique_ptr<RawPeer>> make_raw_peer(net::TransportKind kind,
+                                                      const net::Endpoint& ep,
                                                       bool bad_params = false) {
   if (kind == net::TransportKind::kRdma) return RawRdmaPeer::connect(ep, bad_params);
   int fd = socket(AF_INET, SOCK_STREAM, 0);

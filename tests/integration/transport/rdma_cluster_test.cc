@@ -4,6 +4,7 @@
 // chain) are written, read back and compared byte for byte; reads past EOF and holes read as
 // zeros; the client's data connections must say "rdma".
 // Needs an RDMA device: skips without one, fails without one when RDMAVM_GUEST=1 (in the VM).
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -11,8 +12,6 @@
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "client/lib/client.h"
 #include "common/net/rdma/rdma_transport.h"
@@ -103,7 +102,8 @@ TEST_F(RdmaClusterTest, FilesWrittenAndReadBackOverRdma) {
   ASSERT_TRUE(map.has_value()) << map.error().to_string();
   ASSERT_EQ(map->nodes.size(), 3u);
   const proto::Caller root{0, 0};
-  const std::vector<size_t> sizes = {1, 4095, 4096, 65537, (1u << 20) + 3, (4u << 20) + 1, (17u << 20) + 777};
+  const std::vector<size_t> sizes = {
+      1, 4095, 4096, 65537, (1u << 20) + 3, (4u << 20) + 1, (17u << 20) + 777};
   for (size_t k = 0; k < sizes.size(); ++k) {
     SCOPED_TRACE(sizes[k]);
     auto attr = client_->create(InodeId{1}, "file" + std::to_string(k), S_IFREG | 0644, root);
@@ -114,7 +114,8 @@ TEST_F(RdmaClusterTest, FilesWrittenAndReadBackOverRdma) {
     // Written in 1 MiB + 1 pieces so writes straddle chunk boundaries.
     for (size_t off = 0; off < data.size(); off += (1u << 20) + 1) {
       const size_t n = std::min<size_t>((1u << 20) + 1, data.size() - off);
-      Status st = client_->write(attr->ino, *layout, off, std::span<const uint8_t>(data.data() + off, n));
+      Status st =
+          client_->write(attr->ino, *layout, off, std::span<const uint8_t>(data.data() + off, n));
       ASSERT_TRUE(st.is_ok()) << st.to_string();
     }
     ASSERT_TRUE(client_->fsync(attr->ino, *layout).is_ok());
@@ -122,7 +123,8 @@ TEST_F(RdmaClusterTest, FilesWrittenAndReadBackOverRdma) {
     auto got = client_->read(attr->ino, *layout, data.size(), 0, back);
     ASSERT_TRUE(got.has_value()) << got.error().to_string();
     ASSERT_EQ(*got, data.size());
-    EXPECT_TRUE(std::equal(data.begin(), data.end(), back.begin())) << "bytes differ after an RDMA round trip";
+    EXPECT_TRUE(std::equal(data.begin(), data.end(), back.begin()))
+        << "bytes differ after an RDMA round trip";
     // An unaligned read in the middle.
     if (data.size() > 10000) {
       std::vector<uint8_t> mid(5000);

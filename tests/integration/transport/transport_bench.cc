@@ -79,7 +79,8 @@ struct Figures {
 };
 
 Figures run(rpc::RpcClient& client, bool read, size_t size, int depth, double seconds) {
-  std::vector<std::vector<uint8_t>> buffers(static_cast<size_t>(depth), std::vector<uint8_t>(size, 0x5a));
+  std::vector<std::vector<uint8_t>> buffers(static_cast<size_t>(depth),
+                                            std::vector<uint8_t>(size, 0x5a));
   std::mutex mu;
   std::condition_variable cv;
   int inflight = 0;
@@ -103,8 +104,10 @@ Figures run(rpc::RpcClient& client, bool read, size_t size, int depth, double se
     auto& buf = buffers[static_cast<size_t>(slot)];
     auto done = [&, slot](bool ok) {
       std::lock_guard<std::mutex> g(mu);
-      if (ok) bytes += size;
-      else ++errors;
+      if (ok)
+        bytes += size;
+      else
+        ++errors;
       --inflight;
       free_slots.push_back(slot);
       cv.notify_all();
@@ -115,7 +118,8 @@ Figures run(rpc::RpcClient& client, bool read, size_t size, int depth, double se
                                    [done](Result<proto::Empty> r) { done(r.has_value()); });
     } else {
       opts.bulk_out = buf;
-      client.call_async<BenchWrite>(proto::Empty{}, opts, [done](Result<BenchWriteResp> r) { done(r.has_value()); });
+      client.call_async<BenchWrite>(proto::Empty{}, opts,
+                                    [done](Result<BenchWriteResp> r) { done(r.has_value()); });
     }
     lock.lock();
   }
@@ -137,10 +141,14 @@ int main_impl(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--host") host = next();
-    else if (a == "--seconds") seconds = std::atof(next().c_str());
-    else if (a == "--depth") depth = std::atoi(next().c_str());
-    else if (a == "--size") size = static_cast<size_t>(std::atoll(next().c_str()));
+    if (a == "--host")
+      host = next();
+    else if (a == "--seconds")
+      seconds = std::atof(next().c_str());
+    else if (a == "--depth")
+      depth = std::atoi(next().c_str());
+    else if (a == "--size")
+      size = static_cast<size_t>(std::atoll(next().c_str()));
     else {
       std::fprintf(stderr,
                    "usage: transport_bench [--host IP] [--seconds S] [--depth D] [--size BYTES]\n"
@@ -157,24 +165,28 @@ int main_impl(int argc, char** argv) {
   so.io_threads = 1;
   so.rdma = rpc::RdmaMode::kAuto;
   rpc::RpcServer server(so);
-  server.handle<BenchRead>([&](const BenchReadReq& req, rpc::RequestContext& ctx) -> Result<proto::Empty> {
-    const size_t n = std::min<size_t>(req.length, source.size());
-    ctx.bulk_out().assign(source.begin(), source.begin() + static_cast<long>(n));
-    return proto::Empty{};
-  });
-  server.handle<BenchWrite>([](const proto::Empty&, rpc::RequestContext& ctx) -> Result<BenchWriteResp> {
-    BenchWriteResp r;
-    r.received = static_cast<uint32_t>(ctx.bulk_in().size());
-    return r;
-  });
+  server.handle<BenchRead>(
+      [&](const BenchReadReq& req, rpc::RequestContext& ctx) -> Result<proto::Empty> {
+        const size_t n = std::min<size_t>(req.length, source.size());
+        ctx.bulk_out().assign(source.begin(), source.begin() + static_cast<long>(n));
+        return proto::Empty{};
+      });
+  server.handle<BenchWrite>(
+      [](const proto::Empty&, rpc::RequestContext& ctx) -> Result<BenchWriteResp> {
+        BenchWriteResp r;
+        r.received = static_cast<uint32_t>(ctx.bulk_in().size());
+        return r;
+      });
   Status st = server.start();
   if (!st.is_ok()) {
     std::fprintf(stderr, "transport_bench: %s\n", st.to_string().c_str());
     return 1;
   }
-  std::printf("transport_bench: %zu-byte calls, %d in flight, %.0f s per run, host %s, %ld CPUs\n", size, depth,
-              seconds, host.c_str(), sysconf(_SC_NPROCESSORS_ONLN));
-  std::printf("| transport | op | MB/s | process CPU-s | machine CPU-s | MB per process CPU-s | MB per machine CPU-s |\n");
+  std::printf("transport_bench: %zu-byte calls, %d in flight, %.0f s per run, host %s, %ld CPUs\n",
+              size, depth, seconds, host.c_str(), sysconf(_SC_NPROCESSORS_ONLN));
+  std::printf(
+      "| transport | op | MB/s | process CPU-s | machine CPU-s | MB per process CPU-s | MB per "
+      "machine CPU-s |\n");
   std::printf("|---|---|---:|---:|---:|---:|---:|\n");
   int failures = 0;
   for (net::TransportKind kind : {net::TransportKind::kTcp, net::TransportKind::kRdma}) {
@@ -197,9 +209,11 @@ int main_impl(int argc, char** argv) {
       Figures f = run(client, read, size, depth, seconds);
       failures += f.errors;
       const double mb = static_cast<double>(f.bytes) / 1e6;
-      std::printf("| %s | %s | %.1f | %.2f | %.2f | %.1f | %.1f |\n", std::string(net::transport_name(kind)).c_str(),
+      std::printf("| %s | %s | %.1f | %.2f | %.2f | %.1f | %.1f |\n",
+                  std::string(net::transport_name(kind)).c_str(),
                   read ? "read 1 MiB" : "write 1 MiB", mb / f.seconds, f.proc_cpu, f.machine_cpu,
-                  f.proc_cpu > 0 ? mb / f.proc_cpu : 0.0, f.machine_cpu > 0 ? mb / f.machine_cpu : 0.0);
+                  f.proc_cpu > 0 ? mb / f.proc_cpu : 0.0,
+                  f.machine_cpu > 0 ? mb / f.machine_cpu : 0.0);
       std::fflush(stdout);
     }
   }

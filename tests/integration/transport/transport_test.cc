@@ -9,7 +9,10 @@
 //
 // The binary doubles as the server process of the peer-death test:
 //   transport_test --serve tcp|rdma HOST   prints "PORT <n>" and serves until killed.
+#include "common/net/transport.h"
+
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -27,12 +30,9 @@
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "common/net/channel_factory.h"
 #include "common/net/rdma/control.h"
 #include "common/net/rdma/rdma_transport.h"
-#include "common/net/transport.h"
 #include "common/proto/codec.h"
 #include "common/proto/frame.h"
 #include "common/proto/method.h"
@@ -72,7 +72,9 @@ PENSTOCK_METHOD(Sleep, ServiceId::kData, 1001, SleepReq, proto::Empty);
 PENSTOCK_METHOD(Fail, ServiceId::kData, 1002, FailReq, proto::Empty);
 PENSTOCK_METHOD(NotRegistered, ServiceId::kData, 1999, proto::Empty, proto::Empty);
 
-uint8_t pattern_byte(size_t i) { return static_cast<uint8_t>((i * 131 + (i >> 11) * 7 + 1) & 0xff); }
+uint8_t pattern_byte(size_t i) {
+  return static_cast<uint8_t>((i * 131 + (i >> 11) * 7 + 1) & 0xff);
+}
 std::vector<uint8_t> pattern(size_t n, uint8_t salt = 0) {
   std::vector<uint8_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(pattern_byte(i) ^ salt);
@@ -122,15 +124,17 @@ struct Rdma {
 };
 
 // Skips (or, inside the RDMA VM, fails) a test that needs an RDMA device this host lacks.
-#define SKIP_WITHOUT_DEVICE(kind)                                                                  \
-  do {                                                                                             \
-    if ((kind) == net::TransportKind::kRdma && !net::rdma_device_present()) {                      \
-      if (in_rdma_vm()) FAIL() << "RDMAVM_GUEST=1 but no RDMA device: the VM's soft-RoCE is broken"; \
-      GTEST_SKIP() << "no RDMA device on this host (tests/rdma-vm/run runs these in a VM)";        \
-    }                                                                                              \
+#define SKIP_WITHOUT_DEVICE(kind)                                                           \
+  do {                                                                                      \
+    if ((kind) == net::TransportKind::kRdma && !net::rdma_device_present()) {               \
+      if (in_rdma_vm())                                                                     \
+        FAIL() << "RDMAVM_GUEST=1 but no RDMA device: the VM's soft-RoCE is broken";        \
+      GTEST_SKIP() << "no RDMA device on this host (tests/rdma-vm/run runs these in a VM)"; \
+    }                                                                                       \
   } while (0)
 
-std::unique_ptr<rpc::RpcServer> start_server(net::TransportKind kind, const std::string& host, uint16_t port = 0) {
+std::unique_ptr<rpc::RpcServer> start_server(net::TransportKind kind, const std::string& host,
+                                             uint16_t port = 0) {
   rpc::ServerOptions opts;
   opts.listen = net::Endpoint{host, port};
   opts.io_threads = 2;
@@ -145,7 +149,8 @@ std::unique_ptr<rpc::RpcServer> start_server(net::TransportKind kind, const std:
 }
 
 // The channel under test, made directly (no probing): connects lazily.
-std::shared_ptr<net::Channel> make_raw_channel(net::IoRuntime& runtime, net::TransportKind kind, const net::Endpoint& ep) {
+std::shared_ptr<net::Channel> make_raw_channel(net::IoRuntime& runtime, net::TransportKind kind,
+                                               const net::Endpoint& ep) {
   if (kind == net::TransportKind::kRdma) {
     net::RdmaOptions o;
     o.connect_timeout = 2000ms;
@@ -204,7 +209,8 @@ TYPED_TEST(TransportTest, EchoRoundTripAndDescribe) {
   auto r = this->client_->template call<Echo>(req);
   ASSERT_TRUE(r.has_value()) << r.error().to_string();
   EXPECT_EQ(r->text, "hello");
-  EXPECT_EQ(this->channel_->describe(), std::string(TypeParam::kName) + " " + this->endpoint().to_string());
+  EXPECT_EQ(this->channel_->describe(),
+            std::string(TypeParam::kName) + " " + this->endpoint().to_string());
 }
 
 TYPED_TEST(TransportTest, ThousandConcurrentCallsFromEightThreadsAreMatched) {
@@ -222,13 +228,15 @@ TYPED_TEST(TransportTest, ThousandConcurrentCallsFromEightThreadsAreMatched) {
         const int n = t * kPerThread + i;
         EchoReq req;
         req.text = "call-" + std::to_string(n) + std::string(static_cast<size_t>(n % 97), 'x');
-        this->client_->template call_async<Echo>(req, {}, [&, n, expect = req.text](Result<EchoResp> r) {
-          completions[static_cast<size_t>(n)].fetch_add(1);
-          if (!r.has_value() || r->text != expect) bad.fetch_add(1);
-          std::lock_guard<std::mutex> lock(mu);
-          ++done;
-          cv.notify_all();
-        });
+        this->client_->template call_async<Echo>(req, {},
+                                                 [&, n, expect = req.text](Result<EchoResp> r) {
+                                                   completions[static_cast<size_t>(n)].fetch_add(1);
+                                                   if (!r.has_value() || r->text != expect)
+                                                     bad.fetch_add(1);
+                                                   std::lock_guard<std::mutex> lock(mu);
+                                                   ++done;
+                                                   cv.notify_all();
+                                                 });
       }
     });
   }
@@ -242,8 +250,8 @@ TYPED_TEST(TransportTest, ThousandConcurrentCallsFromEightThreadsAreMatched) {
 }
 
 TYPED_TEST(TransportTest, LargeAndOddBulkBothWaysByteForByte) {
-  for (size_t n : {size_t{1}, size_t{4097}, size_t{(1u << 20) + 3}, size_t{16u << 20}, size_t{(16u << 20) + 13},
-                   size_t{40u << 20} + 7}) {
+  for (size_t n : {size_t{1}, size_t{4097}, size_t{(1u << 20) + 3}, size_t{16u << 20},
+                   size_t{(16u << 20) + 13}, size_t{40u << 20} + 7}) {
     SCOPED_TRACE(n);
     std::vector<uint8_t> out = pattern(n, 0x5a);
     std::vector<uint8_t> in(n + 5, 0);
@@ -261,7 +269,8 @@ TYPED_TEST(TransportTest, LargeAndOddBulkBothWaysByteForByte) {
     EXPECT_EQ(r->bulk_in_len, n);
     ASSERT_EQ(received, n);
     EXPECT_TRUE(std::equal(out.begin(), out.end(), in.begin()));
-    for (size_t i = n; i < in.size(); ++i) EXPECT_EQ(in[i], 0) << "byte past the bulk written at " << i;
+    for (size_t i = n; i < in.size(); ++i)
+      EXPECT_EQ(in[i], 0) << "byte past the bulk written at " << i;
   }
 }
 
@@ -305,10 +314,12 @@ TYPED_TEST(TransportTest, ManyConcurrentLargeTransfersEachVerified) {
     });
   }
   auto deadline = std::chrono::steady_clock::now() + 150s;
-  while (done.load() < kCalls && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  while (done.load() < kCalls && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
   ASSERT_EQ(done.load(), kCalls);
   EXPECT_EQ(bad.load(), 0);
-  for (int i = 0; i < kCalls; ++i) EXPECT_EQ(ins[static_cast<size_t>(i)], outs[static_cast<size_t>(i)]) << i;
+  for (int i = 0; i < kCalls; ++i)
+    EXPECT_EQ(ins[static_cast<size_t>(i)], outs[static_cast<size_t>(i)]) << i;
 }
 
 TYPED_TEST(TransportTest, ResponseBulkLargerThanBufferIsProtocolError) {
@@ -367,7 +378,8 @@ TYPED_TEST(TransportTest, ManyTimeoutsAndCompletionsRaceWithoutDoubleCompletion)
     });
   }
   auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (done.load() < kCalls && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  while (done.load() < kCalls && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
   ASSERT_EQ(done.load(), kCalls);
   std::this_thread::sleep_for(500ms);
   EXPECT_EQ(wrong_error.load(), 0);
@@ -382,11 +394,13 @@ TYPED_TEST(TransportTest, ErrorStatusTextAndUnknownMethod) {
   auto r = this->client_->template call<Fail>(req);
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(r.error().code(), Code::kNotFound);
-  EXPECT_NE(r.error().message().find("no chunk 7 of inode 42"), std::string::npos) << r.error().message();
+  EXPECT_NE(r.error().message().find("no chunk 7 of inode 42"), std::string::npos)
+      << r.error().message();
   auto u = this->client_->template call<NotRegistered>(proto::Empty{});
   ASSERT_FALSE(u.has_value());
   EXPECT_EQ(u.error().code(), Code::kNotSupported);
-  EXPECT_NE(u.error().message().find("unknown method 1999 of service data"), std::string::npos) << u.error().message();
+  EXPECT_NE(u.error().message().find("unknown method 1999 of service data"), std::string::npos)
+      << u.error().message();
   this->expect_echo_works();
 }
 
@@ -416,7 +430,8 @@ TYPED_TEST(TransportTest, ChannelReconnectsAfterServerRestartOnSamePort) {
   // Same port number for the transport under test; for RDMA the TCP port is free again too.
   rpc::ServerOptions opts;
   opts.listen = net::Endpoint{TypeParam::host(), port};
-  opts.rdma = TypeParam::kKind == net::TransportKind::kRdma ? rpc::RdmaMode::kOn : rpc::RdmaMode::kOff;
+  opts.rdma =
+      TypeParam::kKind == net::TransportKind::kRdma ? rpc::RdmaMode::kOn : rpc::RdmaMode::kOff;
   if (TypeParam::kKind == net::TransportKind::kRdma) {
     opts.listen.port = 0;
     opts.rdma_port = port;
@@ -432,15 +447,17 @@ TYPED_TEST(TransportTest, StopFailsCallsOfRunningHandlersAndNothingHangs) {
   std::atomic<int> done{0};
   std::atomic<int> ok{0};
   for (int i = 0; i < 8; ++i) {
-    this->client_->template call_async<Sleep>(SleepReq{300, 1 << 20}, {}, [&](Result<proto::Empty> r) {
-      if (r.has_value()) ok.fetch_add(1);
-      done.fetch_add(1);
-    });
+    this->client_->template call_async<Sleep>(SleepReq{300, 1 << 20}, {},
+                                              [&](Result<proto::Empty> r) {
+                                                if (r.has_value()) ok.fetch_add(1);
+                                                done.fetch_add(1);
+                                              });
   }
   std::this_thread::sleep_for(100ms);
   this->server_->stop();
   auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (done.load() < 8 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  while (done.load() < 8 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
   EXPECT_EQ(done.load(), 8);
   EXPECT_EQ(ok.load(), 0);
 }
@@ -459,7 +476,8 @@ Child spawn_server(const char* kind, const std::string& host) {
   if (pid == 0) {
     dup2(fds[1], 1);
     close(fds[0]);
-    execl("/proc/self/exe", "transport_test", "--serve", kind, host.c_str(), static_cast<char*>(nullptr));
+    execl("/proc/self/exe", "transport_test", "--serve", kind, host.c_str(),
+          static_cast<char*>(nullptr));
     _exit(127);
   }
   close(fds[1]);
@@ -477,7 +495,8 @@ TYPED_TEST(TransportTest, PeerKilledMidTransferFailsEveryCallAndNothingHangs) {
   Child child = spawn_server(TypeParam::kName, TypeParam::host());
   ASSERT_GT(child.pid, 0);
   ASSERT_NE(child.port, 0) << "the server process did not start";
-  auto channel = make_raw_channel(this->runtime_, TypeParam::kKind, net::Endpoint{TypeParam::host(), child.port});
+  auto channel = make_raw_channel(this->runtime_, TypeParam::kKind,
+                                  net::Endpoint{TypeParam::host(), child.port});
   rpc::RpcClient client(channel, 30s);
   this->expect_echo_works(&client);
   constexpr int kCalls = 16;
@@ -493,7 +512,8 @@ TYPED_TEST(TransportTest, PeerKilledMidTransferFailsEveryCallAndNothingHangs) {
     client.call_async<Echo>(EchoReq{"big", true, 0}, opts, [&](Result<EchoResp> r) {
       if (!r.has_value()) {
         failed.fetch_add(1);
-        if (r.error().code() != Code::kUnavailable && r.error().code() != Code::kTimeout) wrong_code.fetch_add(1);
+        if (r.error().code() != Code::kUnavailable && r.error().code() != Code::kTimeout)
+          wrong_code.fetch_add(1);
       }
       done.fetch_add(1);
     });
@@ -503,9 +523,11 @@ TYPED_TEST(TransportTest, PeerKilledMidTransferFailsEveryCallAndNothingHangs) {
   int status = 0;
   waitpid(child.pid, &status, 0);
   auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (done.load() < kCalls && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  while (done.load() < kCalls && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
   ASSERT_EQ(done.load(), kCalls) << "calls still pending after the server died";
-  EXPECT_GT(failed.load(), 0) << "the kill came after every transfer finished; the test proved nothing";
+  EXPECT_GT(failed.load(), 0)
+      << "the kill came after every transfer finished; the test proved nothing";
   EXPECT_EQ(wrong_code.load(), 0);
   // And the channel reports the dead server promptly afterwards.
   auto r = client.call<Echo>(EchoReq{"x", false, 0});
@@ -538,7 +560,8 @@ TYPED_TEST(TransportTest, MalformedControlMessagesCloseOnlyThatConnection) {
     auto peer = test::make_raw_peer(TypeParam::kKind, this->endpoint());
     ASSERT_TRUE(peer.has_value()) << peer.error().to_string();
     ASSERT_TRUE((*peer)->send(cases[i]).is_ok());
-    EXPECT_TRUE((*peer)->wait_closed(10s)) << "the server kept a connection that sent malformed bytes";
+    EXPECT_TRUE((*peer)->wait_closed(10s))
+        << "the server kept a connection that sent malformed bytes";
     this->expect_echo_works();
   }
 }
@@ -548,7 +571,8 @@ TEST(RdmaControlTest, DescriptorLiesAndBadKeysCloseTheConnectionServerStaysUp) {
   auto server = start_server(net::TransportKind::kRdma, rdma_host());
   ASSERT_NE(server, nullptr);
   const net::Endpoint ep{rdma_host(), server->rdma_port()};
-  auto request = [](uint32_t bulk_len, net::rdma::RemoteBuffer out, net::rdma::RemoteBuffer in, size_t extra = 0) {
+  auto request = [](uint32_t bulk_len, net::rdma::RemoteBuffer out, net::rdma::RemoteBuffer in,
+                    size_t extra = 0) {
     proto::FrameHeader h;
     h.kind = proto::FrameKind::kRequest;
     h.service = ServiceId::kData;
@@ -558,8 +582,9 @@ TEST(RdmaControlTest, DescriptorLiesAndBadKeysCloseTheConnectionServerStaysUp) {
     h.message_len = static_cast<uint32_t>(msg.size());
     h.bulk_len = bulk_len;
     std::vector<uint8_t> bytes(net::rdma::control_size(h.kind, msg.size()) + extra, 0);
-    net::rdma::encode_control(h, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(msg.data()), msg.size()), out,
-                              in, bytes);
+    net::rdma::encode_control(
+        h, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(msg.data()), msg.size()), out,
+        in, bytes);
     return bytes;
   };
   struct Case {
@@ -570,7 +595,8 @@ TEST(RdmaControlTest, DescriptorLiesAndBadKeysCloseTheConnectionServerStaysUp) {
       {"descriptor length differs from the header", request(100, {0x1000, 1, 99}, {})},
       {"null address", request(100, {0, 1, 100}, {})},
       {"trailing bytes", request(0, {}, {}, 9)},
-      {"bad rkey: the RDMA READ fails", request(100, {0x10000, 0xdeadbeef, 100}, {0x10000, 0xdeadbeef, 100})},
+      {"bad rkey: the RDMA READ fails",
+       request(100, {0x10000, 0xdeadbeef, 100}, {0x10000, 0xdeadbeef, 100})},
   };
   for (auto& c : cases) {
     SCOPED_TRACE(c.what);
@@ -593,11 +619,13 @@ TEST(RdmaControlTest, DescriptorLiesAndBadKeysCloseTheConnectionServerStaysUp) {
     for (uint32_t i = 0; i < 400 && !closed; ++i) {
       h.request_id = i + 1;
       std::vector<uint8_t> bytes(net::rdma::control_size(h.kind, msg.size()));
-      net::rdma::encode_control(h, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(msg.data()), msg.size()),
-                                {}, {}, bytes);
+      net::rdma::encode_control(
+          h, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(msg.data()), msg.size()), {},
+          {}, bytes);
       if (!(*peer)->send(bytes).is_ok()) closed = true;
     }
-    EXPECT_TRUE(closed || (*peer)->wait_closed(20s)) << "the server accepted more requests than its credits";
+    EXPECT_TRUE(closed || (*peer)->wait_closed(20s))
+        << "the server accepted more requests than its credits";
   }
   // A connect with bad private data is refused.
   EXPECT_FALSE(test::make_raw_peer(net::TransportKind::kRdma, ep, /*bad_params=*/true).has_value());
@@ -606,6 +634,62 @@ TEST(RdmaControlTest, DescriptorLiesAndBadKeysCloseTheConnectionServerStaysUp) {
   auto r = client.call<Echo>(EchoReq{"alive", false, 0});
   ASSERT_TRUE(r.has_value()) << r.error().to_string();
   EXPECT_EQ(r->text, "alive");
+}
+
+// Destructive (deletes the RDMA device), so it runs only when asked: tests/rdma-vm/guest-tests.sh
+// runs it last, in the VM. Calls in flight when the device goes fail with a clear error (the
+// device-removal event, or the queue pair's flush), later calls fail fast, and neither the
+// channel nor the server hangs.
+TEST(RdmaDeviceRemovalTest, CallsFailCleanlyWhenTheDeviceIsDeleted) {
+  const char* dev = std::getenv("PENSTOCK_TEST_RDMA_DELETE_DEVICE");
+  if (dev == nullptr || *dev == '\0') {
+    GTEST_SKIP() << "set PENSTOCK_TEST_RDMA_DELETE_DEVICE=rxe0 to run (deletes the device)";
+  }
+  ASSERT_TRUE(net::rdma_device_present());
+  auto server = start_server(net::TransportKind::kRdma, rdma_host());
+  ASSERT_NE(server, nullptr);
+  const net::Endpoint ep{rdma_host(), server->rdma_port()};
+  net::IoRuntime runtime(1);
+  rpc::RpcClient client(make_raw_channel(runtime, net::TransportKind::kRdma, ep), 30s);
+  ASSERT_TRUE(client.call<Echo>(EchoReq{"x", false, 0}).has_value());
+  constexpr int kCalls = 16;
+  std::vector<std::vector<uint8_t>> outs(kCalls, pattern(2u << 20));
+  std::vector<std::vector<uint8_t>> ins(kCalls, std::vector<uint8_t>(2u << 20));
+  std::atomic<int> done{0};
+  std::atomic<int> wrong_code{0};
+  for (int i = 0; i < kCalls; ++i) {
+    rpc::CallOptions opts;
+    opts.bulk_out = outs[static_cast<size_t>(i)];
+    opts.bulk_in = ins[static_cast<size_t>(i)];
+    client.call_async<Echo>(EchoReq{"big", true, 0}, opts, [&](Result<EchoResp> r) {
+      if (!r.has_value() && r.error().code() != Code::kUnavailable &&
+          r.error().code() != Code::kTimeout) {
+        wrong_code.fetch_add(1);
+      }
+      done.fetch_add(1);
+    });
+  }
+  std::this_thread::sleep_for(20ms);
+  // In the background: with rxe (no forced disassociation) the kernel finishes the removal only
+  // once every process closed the device, which librdmacm keeps open until the process exits.
+  // What must happen at once is ours: every call fails, nothing hangs. guest-tests.sh checks
+  // afterwards that the device went away.
+  const std::string cmd = std::string("rdma link delete ") + dev + " &";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (done.load() < kCalls && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_EQ(done.load(), kCalls) << "calls still pending after the device was deleted";
+  EXPECT_EQ(wrong_code.load(), 0);
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = client.call<Echo>(EchoReq{"x", false, 0});
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), Code::kUnavailable) << r.error().to_string();
+  EXPECT_NE(r.error().message().find(ep.to_string()), std::string::npos) << r.error().message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  std::printf("after the device was deleted: %s\n", r.error().to_string().c_str());
+  server->stop();  // must not hang
 }
 
 TEST(ChannelFactoryTest, ParseAndSelect) {
@@ -642,7 +726,8 @@ TEST(ChannelFactoryTest, ParseAndSelect) {
 }
 
 int serve(const std::string& kind, const std::string& host) {
-  auto server = start_server(kind == "rdma" ? net::TransportKind::kRdma : net::TransportKind::kTcp, host);
+  auto server =
+      start_server(kind == "rdma" ? net::TransportKind::kRdma : net::TransportKind::kTcp, host);
   if (server == nullptr) return 1;
   std::printf("PORT %u\n", kind == "rdma" ? server->rdma_port() : server->port());
   std::fflush(stdout);

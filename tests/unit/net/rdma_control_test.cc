@@ -1,11 +1,11 @@
 // RDMA control messages and connect data (common/net/rdma/control.h): round trips and every
 // rejection of hostile bytes, without a device.
-#include "common/net/rdma/control.h"
+#include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
+#include "common/net/rdma/control.h"
 
 namespace penstock::net::rdma {
 namespace {
@@ -21,17 +21,20 @@ proto::FrameHeader request_header(uint32_t message_len, uint32_t bulk_len) {
   return h;
 }
 
-std::vector<uint8_t> encode(const proto::FrameHeader& h, const std::string& msg, RemoteBuffer out, RemoteBuffer in) {
+std::vector<uint8_t> encode(const proto::FrameHeader& h, const std::string& msg, RemoteBuffer out,
+                            RemoteBuffer in) {
   std::vector<uint8_t> b(control_size(h.kind, msg.size()));
-  size_t n = encode_control(h, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(msg.data()), msg.size()), out,
-                            in, b);
+  size_t n = encode_control(
+      h, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(msg.data()), msg.size()), out,
+      in, b);
   EXPECT_EQ(n, b.size());
   return b;
 }
 
 TEST(RdmaControl, RequestRoundTripCarriesDescriptor) {
   const std::string msg = "hello";
-  auto b = encode(request_header(5, 4096), msg, {0x7f0000001000, 0x1234, 4096}, {0x7f0000200000, 0x5678, 1 << 20});
+  auto b = encode(request_header(5, 4096), msg, {0x7f0000001000, 0x1234, 4096},
+                  {0x7f0000200000, 0x5678, 1 << 20});
   EXPECT_EQ(b.size(), proto::kFrameHeaderSize + 5 + kRequestDescriptorSize);
   auto m = decode_control(b, proto::FrameKind::kRequest);
   ASSERT_TRUE(m.has_value()) << m.error().to_string();
@@ -63,12 +66,15 @@ TEST(RdmaControl, RejectsHostileBytes) {
   const std::string msg = "hello";
   auto good = encode(request_header(5, 10), msg, {0x1000, 1, 10}, {});
   // Short of a header; garbage; wrong kind; truncated; trailing bytes.
-  EXPECT_EQ(decode_control(std::span<const uint8_t>(good.data(), 31), proto::FrameKind::kRequest).error().code(),
+  EXPECT_EQ(decode_control(std::span<const uint8_t>(good.data(), 31), proto::FrameKind::kRequest)
+                .error()
+                .code(),
             Code::kProtocol);
   std::vector<uint8_t> garbage(64, 0xEE);
   EXPECT_EQ(decode_control(garbage, proto::FrameKind::kRequest).error().code(), Code::kProtocol);
   EXPECT_EQ(decode_control(good, proto::FrameKind::kResponse).error().code(), Code::kProtocol);
-  EXPECT_EQ(decode_control(std::span<const uint8_t>(good.data(), good.size() - 1), proto::FrameKind::kRequest)
+  EXPECT_EQ(decode_control(std::span<const uint8_t>(good.data(), good.size() - 1),
+                           proto::FrameKind::kRequest)
                 .error()
                 .code(),
             Code::kProtocol);
@@ -76,22 +82,31 @@ TEST(RdmaControl, RejectsHostileBytes) {
   longer.push_back(0);
   EXPECT_EQ(decode_control(longer, proto::FrameKind::kRequest).error().code(), Code::kProtocol);
   // The descriptor disagrees with the header, names a null address, or an over-limit buffer.
-  EXPECT_EQ(decode_control(encode(request_header(5, 10), msg, {0x1000, 1, 9}, {}), proto::FrameKind::kRequest)
-                .error()
-                .code(),
-            Code::kProtocol);
-  EXPECT_EQ(decode_control(encode(request_header(5, 10), msg, {0, 1, 10}, {}), proto::FrameKind::kRequest).error().code(),
-            Code::kProtocol);
-  EXPECT_EQ(decode_control(encode(request_header(5, 0), msg, {}, {0, 1, 10}), proto::FrameKind::kRequest).error().code(),
-            Code::kProtocol);
-  EXPECT_EQ(decode_control(encode(request_header(5, 0), msg, {}, {0x1000, 1, proto::kMaxBulkBytes + 1}),
+  EXPECT_EQ(decode_control(encode(request_header(5, 10), msg, {0x1000, 1, 9}, {}),
                            proto::FrameKind::kRequest)
                 .error()
                 .code(),
             Code::kProtocol);
-  EXPECT_TRUE(decode_control(encode(request_header(5, 0), msg, {}, {0x1000, 1, proto::kMaxBulkBytes}),
-                             proto::FrameKind::kRequest)
-                  .has_value());
+  EXPECT_EQ(
+      decode_control(encode(request_header(5, 10), msg, {0, 1, 10}, {}), proto::FrameKind::kRequest)
+          .error()
+          .code(),
+      Code::kProtocol);
+  EXPECT_EQ(
+      decode_control(encode(request_header(5, 0), msg, {}, {0, 1, 10}), proto::FrameKind::kRequest)
+          .error()
+          .code(),
+      Code::kProtocol);
+  EXPECT_EQ(
+      decode_control(encode(request_header(5, 0), msg, {}, {0x1000, 1, proto::kMaxBulkBytes + 1}),
+                     proto::FrameKind::kRequest)
+          .error()
+          .code(),
+      Code::kProtocol);
+  EXPECT_TRUE(
+      decode_control(encode(request_header(5, 0), msg, {}, {0x1000, 1, proto::kMaxBulkBytes}),
+                     proto::FrameKind::kRequest)
+          .has_value());
 }
 
 TEST(RdmaControl, EveryTruncationAndBitFlipIsHandled) {
@@ -116,7 +131,8 @@ TEST(RdmaControl, ConnectParams) {
   ASSERT_TRUE(p.has_value()) << p.error().to_string();
   EXPECT_EQ(p->recv_depth, 64u);
   EXPECT_EQ(p->control_bytes, 16384u);
-  EXPECT_EQ(decode_connect_params(std::span<const uint8_t>(b.data(), 15)).error().code(), Code::kProtocol);
+  EXPECT_EQ(decode_connect_params(std::span<const uint8_t>(b.data(), 15)).error().code(),
+            Code::kProtocol);
   auto bad = b;
   bad[0] ^= 1;
   EXPECT_EQ(decode_connect_params(bad).error().code(), Code::kProtocol);  // magic

@@ -2,10 +2,10 @@
 // release, fragmentation, and a randomized check against a reference model.
 #include "common/net/rdma/slot_allocator.h"
 
+#include <gtest/gtest.h>
+
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace penstock::net::rdma {
 namespace {
@@ -51,7 +51,11 @@ TEST(SlotAllocator, RandomizedAgainstModel) {
   constexpr size_t kSlots = 64;
   SlotAllocator a(kSlots, 100);
   std::vector<int> owner(kSlots, -1);
-  struct Live { size_t first; size_t bytes; int tag; };
+  struct Live {
+    size_t first;
+    size_t bytes;
+    int tag;
+  };
   std::vector<Live> live;
   for (int step = 0; step < 20000; ++step) {
     if (!live.empty() && (rng() % 2 == 0)) {

@@ -1,0 +1,60 @@
+// Sequential-stream detection for read-ahead. One StreamDetector belongs to one open file handle
+// and keeps a few stream trackers, so that a record reader and a random sampler on the same handle
+// do not disturb each other: each read either continues a tracked stream (near where it ended) or
+// replaces the least recently used tracker. A stream's window starts at `initial_window` after its
+// second sequential read (at once for a stream that starts at offset 0) and doubles on every
+// sequential read up to `max_window`; random reads get no window and no read-ahead.
+// Pure logic (no I/O). Thread-safety: not thread-safe; the owner serializes calls (a mutex per
+// handle in Client's ReadContext).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace penstock::client {
+
+struct ReadAheadOptions {
+  uint64_t initial_window = 1ull << 20;  // first read-ahead of a stream
+  uint64_t max_window = 64ull << 20;     // per stream
+  uint64_t slack = 1ull << 20;           // out-of-order tolerance (async FUSE reads may reorder)
+  int trackers = 4;                      // streams tracked per handle
+};
+
+// What to do for one read.
+struct ReadAdvice {
+  bool sequential = false;  // the read continues a sequential stream
+  uint64_t prefetch_offset = 0;  // range to fetch ahead: [prefetch_offset, prefetch_offset + len)
+  uint64_t prefetch_length = 0;  // 0: nothing to fetch ahead
+  uint64_t window = 0;           // the stream's window after this read
+};
+
+class StreamDetector {
+ public:
+  explicit StreamDetector(ReadAheadOptions options = {});
+
+  // Records a read of [offset, offset + length) and says whether and what to fetch ahead. A range
+  // is handed out once: later calls return only what lies past what the stream already prefetched,
+  // and only once less than half a window remains ahead of the reader (so fetches are batched).
+  ReadAdvice on_read(uint64_t offset, uint64_t length);
+
+  // Forgets every stream (e.g. after a truncate of the file).
+  void reset();
+
+  size_t tracked_streams() const;
+
+ private:
+  struct Stream {
+    bool used = false;
+    uint64_t next = 0;             // where the next sequential read is expected
+    uint64_t window = 0;
+    uint64_t prefetched_end = 0;   // end of what was already handed out for prefetch
+    uint64_t last_use = 0;
+    uint32_t hits = 0;
+  };
+  ReadAheadOptions options_;
+  std::vector<Stream> streams_;
+  uint64_t clock_ = 0;
+};
+
+}  // namespace penstock::client

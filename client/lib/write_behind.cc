@@ -1,0 +1,119 @@
+#include "client/lib/write_behind.h"
+
+#include <algorithm>
+
+namespace penstock::client {
+
+void DirtyBudget::acquire(uint64_t n) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (used_ + n > limit_ && in_flight_ > 0) {
+    ++waits_;
+    cv_.wait(lock, [&] { return used_ + n <= limit_ || in_flight_ == 0; });
+  }
+  used_ += n;
+}
+
+void DirtyBudget::start_flight(uint64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  in_flight_ += n;
+}
+
+void DirtyBudget::finish_flight(uint64_t n) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_ -= std::min(in_flight_, n);
+    used_ -= std::min(used_, n);
+  }
+  cv_.notify_all();
+}
+
+void DirtyBudget::release_buffered(uint64_t n) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    used_ -= std::min(used_, n);
+  }
+  cv_.notify_all();
+}
+
+uint64_t DirtyBudget::used() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return used_;
+}
+
+uint64_t DirtyBudget::in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_flight_;
+}
+
+uint64_t DirtyBudget::waits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waits_;
+}
+
+void WriteError::record(const Status& st) {
+  if (st.is_ok()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (first_.is_ok()) first_ = st;
+}
+
+Status WriteError::peek() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return first_;
+}
+
+Status WriteError::take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status st = std::move(first_);
+  first_ = Status::ok();
+  return st;
+}
+
+TaskPool::TaskPool(int threads) {
+  for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { run(); });
+}
+
+TaskPool::~TaskPool() { stop(); }
+
+void TaskPool::submit(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopping_) {
+      queue_.push_back(std::move(task));
+      cv_.notify_one();
+      return;
+    }
+  }
+  task();
+}
+
+void TaskPool::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+bool TaskPool::stopped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stopping_;
+}
+
+void TaskPool::run() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+  }
+}
+
+}  // namespace penstock::client

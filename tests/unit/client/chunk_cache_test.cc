@@ -1,0 +1,167 @@
+// ChunkCache: LRU bound and eviction, one fetch per block in flight, generation and range
+// invalidation.
+#include "client/lib/chunk_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+namespace penstock::client {
+namespace {
+
+const InodeId kIno(7);
+const InodeId kOther(8);
+
+void fill(ChunkCache::Lookup& lk, uint8_t v) {
+  ASSERT_TRUE(lk.fetch);
+  std::fill(lk.block->buffer().begin(), lk.block->buffer().end(), v);
+  lk.block->complete(Status::ok());
+}
+
+TEST(ChunkCache, FirstLookupFetchesThenHits) {
+  ChunkCache c(1 << 20);
+  auto a = c.get_or_start(kIno, 1, 0, 4096);
+  EXPECT_TRUE(a.fetch);
+  fill(a, 5);
+  auto b = c.get_or_start(kIno, 1, 0, 4096);
+  EXPECT_FALSE(b.fetch);
+  EXPECT_EQ(b.block, a.block);
+  ASSERT_TRUE(b.block->wait().is_ok());
+  EXPECT_EQ(b.block->data()[100], 5);
+  CacheStats s = c.stats();
+  EXPECT_EQ(s.misses, 1u);
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.used_bytes, 4096u);
+}
+
+TEST(ChunkCache, StaysWithinCapacityEvictingLeastRecentlyUsed) {
+  ChunkCache c(3 * 4096);
+  for (uint64_t i = 0; i < 3; ++i) {
+    auto lk = c.get_or_start(kIno, 1, i * 4096, 4096);
+    fill(lk, static_cast<uint8_t>(i));
+  }
+  // Use block 0 so that block 1 is the least recently used.
+  ASSERT_NE(c.find_ready(kIno, 1, 0), nullptr);
+  auto d = c.get_or_start(kIno, 1, 3 * 4096, 4096);
+  fill(d, 3);
+  CacheStats s = c.stats();
+  EXPECT_EQ(s.used_bytes, 3 * 4096u);
+  EXPECT_EQ(s.evictions, 1u);
+  EXPECT_NE(c.find_ready(kIno, 1, 0), nullptr);
+  EXPECT_EQ(c.find_ready(kIno, 1, 4096), nullptr) << "the LRU block should be gone";
+  EXPECT_NE(c.find_ready(kIno, 1, 2 * 4096), nullptr);
+  EXPECT_NE(c.find_ready(kIno, 1, 3 * 4096), nullptr);
+  // Many more blocks: never above capacity.
+  for (uint64_t i = 10; i < 100; ++i) {
+    auto lk = c.get_or_start(kOther, 1, i * 4096, 4096);
+    fill(lk, 1);
+    EXPECT_LE(c.stats().used_bytes, 3 * 4096u);
+  }
+}
+
+TEST(ChunkCache, ZeroCapacityCachesNothing) {
+  ChunkCache c(0);
+  auto a = c.get_or_start(kIno, 1, 0, 4096);
+  fill(a, 1);
+  auto b = c.get_or_start(kIno, 1, 0, 4096);
+  EXPECT_TRUE(b.fetch);
+  b.block->complete(Status::ok());
+  EXPECT_EQ(c.stats().used_bytes, 0u);
+}
+
+TEST(ChunkCache, ConcurrentReadersOfABlockInFlightShareOneFetch) {
+  ChunkCache c(1 << 20);
+  auto first = c.get_or_start(kIno, 1, 0, 4096);
+  ASSERT_TRUE(first.fetch);
+  std::atomic<int> fetches{0};
+  std::atomic<int> ok{0};
+  std::vector<std::thread> readers;
+  for (int i = 0; i < 4; ++i) {
+    readers.emplace_back([&] {
+      auto lk = c.get_or_start(kIno, 1, 0, 4096);
+      if (lk.fetch) ++fetches;
+      if (lk.block->wait().is_ok() && lk.block->data()[0] == 9) ++ok;
+    });
+  }
+  while (c.stats().waits < 4) std::this_thread::yield();
+  std::fill(first.block->buffer().begin(), first.block->buffer().end(), 9);
+  first.block->complete(Status::ok());
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(fetches.load(), 0);
+  EXPECT_EQ(ok.load(), 4);
+}
+
+TEST(ChunkCache, FailedFetchIsErasedAndWaitersSeeTheError) {
+  ChunkCache c(1 << 20);
+  auto first = c.get_or_start(kIno, 1, 0, 4096);
+  auto joined = c.get_or_start(kIno, 1, 0, 4096);
+  ASSERT_FALSE(joined.fetch);
+  c.erase(kIno, first.block);
+  first.block->complete(Status(Code::kIo, "disk"));
+  EXPECT_EQ(joined.block->wait().code(), Code::kIo);
+  EXPECT_TRUE(c.get_or_start(kIno, 1, 0, 4096).fetch) << "a failed block must not stay cached";
+}
+
+TEST(ChunkCache, NewGenerationDropsTheOldOneAndOldHandlesBypass) {
+  ChunkCache c(1 << 20);
+  auto a = c.get_or_start(kIno, 1, 0, 4096);
+  fill(a, 1);
+  // Another host's close bumped the generation: an open at generation 2 drops generation 1.
+  c.set_generation(kIno, 2);
+  EXPECT_EQ(c.find_ready(kIno, 1, 0), nullptr);
+  EXPECT_EQ(c.stats().used_bytes, 0u);
+  auto b = c.get_or_start(kIno, 2, 0, 4096);
+  ASSERT_TRUE(b.fetch);
+  fill(b, 2);
+  // A handle still at generation 1 neither sees nor pollutes generation 2.
+  auto old = c.get_or_start(kIno, 1, 0, 4096);
+  EXPECT_TRUE(old.fetch);
+  old.block->complete(Status::ok());
+  auto again = c.get_or_start(kIno, 2, 0, 4096);
+  EXPECT_FALSE(again.fetch);
+  EXPECT_EQ(again.block->data()[0], 2);
+  // A lookup of a newer generation drops the older one too.
+  auto c3 = c.get_or_start(kIno, 3, 4096, 4096);
+  EXPECT_TRUE(c3.fetch);
+  c3.block->complete(Status::ok());
+  EXPECT_EQ(c.find_ready(kIno, 2, 0), nullptr);
+  // Same generation at open keeps the blocks.
+  c.set_generation(kIno, 3);
+  EXPECT_NE(c.find_ready(kIno, 3, 4096), nullptr);
+}
+
+TEST(ChunkCache, InvalidateRangeDropsOnlyOverlappingBlocks) {
+  ChunkCache c(1 << 20);
+  for (uint64_t i = 0; i < 4; ++i) {
+    auto lk = c.get_or_start(kIno, 1, i * 65536, 65536);
+    fill(lk, 1);
+  }
+  auto o = c.get_or_start(kOther, 1, 0, 65536);
+  fill(o, 1);
+  // An own write of 10 bytes straddling blocks 1 and 2.
+  c.invalidate_range(kIno, 2 * 65536 - 5, 10);
+  EXPECT_NE(c.find_ready(kIno, 1, 0), nullptr);
+  EXPECT_EQ(c.find_ready(kIno, 1, 65536), nullptr);
+  EXPECT_EQ(c.find_ready(kIno, 1, 2 * 65536), nullptr);
+  EXPECT_NE(c.find_ready(kIno, 1, 3 * 65536), nullptr);
+  EXPECT_NE(c.find_ready(kOther, 1, 0), nullptr);
+  c.invalidate(kIno);
+  EXPECT_EQ(c.find_ready(kIno, 1, 0), nullptr);
+  EXPECT_EQ(c.stats().used_bytes, 65536u);
+}
+
+TEST(ChunkCache, InvalidatedBlockInFlightIsDetached) {
+  ChunkCache c(1 << 20);
+  auto inflight = c.get_or_start(kIno, 1, 0, 4096);
+  ASSERT_TRUE(inflight.fetch);
+  c.invalidate_range(kIno, 0, 1);  // an own write lands while the old bytes are on their way
+  auto after = c.get_or_start(kIno, 1, 0, 4096);
+  EXPECT_TRUE(after.fetch) << "a read after the write must not join the stale fetch";
+  EXPECT_NE(after.block, inflight.block);
+  inflight.block->complete(Status::ok());
+  after.block->complete(Status::ok());
+}
+
+}  // namespace
+}  // namespace penstock::client
