@@ -335,7 +335,8 @@ Result<proto::InodeAttr> Client::open(InodeId ino, uint32_t flags, bool* unchang
 
 std::unique_ptr<ReadContext> Client::make_read_context(uint64_t generation) const {
   ReadAheadOptions ra;
-  ra.max_window = options_.readahead_max;
+  // A window must fit the cache many times over, or read-ahead evicts what it fetched before use.
+  ra.max_window = std::min<uint64_t>(options_.readahead_max, options_.cache_size / 16);
   ra.initial_window = std::min<uint64_t>(ra.initial_window, ra.max_window);
   return std::make_unique<ReadContext>(generation, ra);
 }
@@ -671,25 +672,38 @@ void Client::wb_send_locked(InodeId ino, const std::shared_ptr<WbFile>& wf, std:
   wf->buf = {};
   const uint64_t off = wf->buf_offset;
   const uint64_t len = data->size();
-  wf->inflight.emplace_back(off, off + len);
   budget_->start_flight(len);
-  pool_->submit([this, ino, wf, data, off, len, layout = wf->layout] {
+  auto note_error = [ino, off, len, wf](const Status& st) {
+    if (st.is_ok()) return;
+    PENSTOCK_LOG(Warn) << "write-behind of inode " << ino.to_string() << " at " << off << " (" << len
+                       << " bytes) failed: " << st.to_string() << "; reported at the next write, close or fsync";
+    wf->error.record(st);
+  };
+  wf->inflight.emplace_back(off, off + len);
+  PENSTOCK_LOG(Debug) << "write-behind send inode " << ino.to_string() << " [" << off << ", " << off + len << ")";
+  const bool queued = pool_->try_submit([this, ino, wf, data, off, len, note_error, layout = wf->layout] {
     Status st = write_now(ino, layout, off, *data);
+    PENSTOCK_LOG(Debug) << "write-behind done inode " << ino.to_string() << " [" << off << ", " << off + len << "): " << st.to_string();
     // Blocks fetched while these bytes were on their way may hold the old ones.
     cache_->invalidate_range(ino, off, len);
     {
       std::lock_guard<std::mutex> g(wf->mu);
       auto it = std::find(wf->inflight.begin(), wf->inflight.end(), std::make_pair(off, off + len));
       if (it != wf->inflight.end()) wf->inflight.erase(it);
-      if (!st.is_ok()) {
-        PENSTOCK_LOG(Warn) << "write-behind of inode " << ino.to_string() << " at " << off << " (" << len
-                           << " bytes) failed: " << st.to_string() << "; reported at the next write, close or fsync";
-        wf->error.record(st);
-      }
+      note_error(st);
     }
     wf->cv.notify_all();
     budget_->finish_flight(len);
   });
+  if (!queued) {
+    // The pool stopped (shutdown raced with this write): send here, under the file's lock.
+    Status st = write_now(ino, wf->layout, off, *data);
+    cache_->invalidate_range(ino, off, len);
+    wf->inflight.pop_back();
+    note_error(st);
+    wf->cv.notify_all();
+    budget_->finish_flight(len);
+  }
 }
 
 Status Client::wb_drain(InodeId ino) {
@@ -719,7 +733,10 @@ void Client::wb_retire_if_idle(InodeId ino) {
   auto it = wb_files_.find(ino);
   if (it == wb_files_.end()) return;
   std::lock_guard<std::mutex> g(it->second->mu);
-  if (!it->second->buf.empty() || !it->second->inflight.empty() || !it->second->error.peek().is_ok()) return;
+  if (!it->second->buf.empty() || !it->second->inflight.empty() || it->second->writers > 0 ||
+      !it->second->error.peek().is_ok()) {
+    return;
+  }
   it->second->retired = true;
   wb_files_.erase(it);
 }
@@ -731,7 +748,7 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
     std::lock_guard<std::mutex> lock(files_mu_);
     ++files_[ino].seq;
   }
-  // After shutdown() the pool runs tasks inline, which a send under the file's lock cannot do.
+  // After shutdown() nothing is left behind: writes go out before they return.
   if (budget_ == nullptr || layout.chunk_size == 0 || pool_->stopped()) {
     PENSTOCK_RETURN_IF_ERROR(write_now(ino, layout, offset, bytes));
     cache_->invalidate_range(ino, offset, bytes.size());
@@ -755,6 +772,9 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
       budget_->release_buffered(bytes.size());
       return err;
     }
+    // While we are inside (also while waiting below with mu released) the record must stay in
+    // wb_files_, or bytes appended after a wait would land in a record no flush ever sees.
+    ++wf->writers;
     const uint64_t unit = wb_unit(layout);
     size_t pos = 0;
     while (pos < bytes.size()) {
@@ -766,12 +786,14 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
       if (wf->buf.empty()) {
         // Sends of one file may overlap only in order: wait out any in flight over this unit.
         const uint64_t unit_end = (off / unit + 1) * unit;
-        wf->cv.wait(lock, [&] {
-          for (const auto& [b, e] : wf->inflight) {
-            if (overlaps(off, unit_end, b, e)) return false;
-          }
-          return true;
-        });
+        bool busy = false;
+        for (const auto& [b, e] : wf->inflight) busy = busy || overlaps(off, unit_end, b, e);
+        if (busy) {
+          // The wait lets other writers of this file (other processes, other threads) in: look at
+          // the buffer again from the top afterwards.
+          wf->cv.wait(lock);
+          continue;
+        }
         wf->buf_offset = off;
         wf->layout = layout;
         wf->buf.reserve(unit_end - off);
@@ -783,6 +805,7 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
       pos += take;
       if ((wf->buf_offset + wf->buf.size()) % unit == 0) wb_send_locked(ino, wf, lock);
     }
+    --wf->writers;
     lock.unlock();
     cache_->invalidate_range(ino, offset, bytes.size());
   }

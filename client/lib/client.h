@@ -9,8 +9,18 @@
 // flush (every close) reports the size to the meta server, so another host's open() afterwards sees
 // data and size (close-to-open); fsync first makes the bytes durable on every replica (Sync).
 //
+// Data path (issue #3): reads through a ReadContext use one bounded LRU cache of chunk blocks shared
+// by all files (ChunkCache, keyed by inode, generation and offset) with per-handle sequential
+// read-ahead (StreamDetector) fetched by a small task pool; writes are gathered per file into
+// chunk-sized buffers sent asynchronously (write-behind) under one dirty-byte bound (DirtyBudget).
+// Reads drain overlapping buffered writes first; flush/fsync/truncate drain the file's buffers and
+// surface a remembered send error; own writes and truncates invalidate the overlapping cached
+// blocks; open drops blocks of an older generation.
+//
 // Thread-safety: every public method may be called from any number of threads at once. No lock is
-// held across an RPC. Lock order: files_mu_ and routes_mu_ and data_mu_ are leaves (never nested).
+// held across an RPC (the one exception: a write racing shutdown() sends under its file's lock).
+// Lock order: wb_mu_ before a WbFile's mu; a WbFile's mu before the budget's and the pool's locks;
+// files_mu_, routes_mu_, data_mu_, opened_mu_ and the cache's lock are leaves (never nested).
 #pragma once
 
 #include <atomic>
@@ -212,6 +222,7 @@ class Client {
     std::vector<uint8_t> buf;                             // guarded by mu
     std::vector<std::pair<uint64_t, uint64_t>> inflight;  // [begin, end) being sent; guarded by mu
     bool retired = false;                                 // removed from wb_files_; guarded by mu
+    int writers = 0;  // write() calls inside (they may wait, releasing mu): never retired then
     WriteError error;
   };
   // The writes as before write-behind: all pieces in parallel, on the data servers on return.

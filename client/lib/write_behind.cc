@@ -86,6 +86,14 @@ void TaskPool::submit(std::function<void()> task) {
   task();
 }
 
+bool TaskPool::try_submit(std::function<void()> task) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return false;
+  queue_.push_back(std::move(task));
+  cv_.notify_one();
+  return true;
+}
+
 void TaskPool::stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -70,6 +70,9 @@ class TaskPool {
 
   // Queues `task`. After stop() the task runs on the caller's thread.
   void submit(std::function<void()> task);
+  // Queues `task` and returns true; after stop() returns false and drops it (for callers that hold
+  // a lock the task takes, and so cannot run it themselves).
+  bool try_submit(std::function<void()> task);
   void stop();
   // True once stop() began: callers that hold locks a task needs must not submit then.
   bool stopped() const;

@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -143,7 +144,8 @@ class MetaService {
   Status expire();
   // Up to `max` queued GC jobs in inode order, starting after `after`.
   Result<std::vector<GcTask>> gc_pending(InodeId after, size_t max);
-  // The job of `ino` is done: deletes its queue entry.
+  // The job of `ino` is done: deletes its queue entry. Applied but not synced (the one mutation
+  // that does not wait): losing it in a crash only repeats idempotent removals.
   Status gc_done(InodeId ino);
   // The address of the node serving `target`; kNotFound if unknown.
   Result<std::string> target_address(TargetId target);
@@ -231,6 +233,7 @@ class MetaService {
   std::map<uint64_t, TargetState> targets_;
   std::map<uint64_t, proto::ChainInfo> chains_;
   std::function<void()> gc_wakeup_;
+  std::set<uint64_t> gc_queue_;  // inodes with a g/ entry (applied), mirrors the store's g/ keys
 };
 
 }  // namespace penstock::meta

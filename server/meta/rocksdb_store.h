@@ -1,6 +1,7 @@
 // RocksDbStore: the durable Store of penstock-meta, one RocksDB database in a directory.
 // apply() is a RocksDB WriteBatch written to the WAL without sync (visible at once); sync() is
-// group commit over DB::SyncWAL (server/meta/group_commit.h): one fsync of the WAL covers every
+// group commit over DB::FlushWAL(true) (server/meta/group_commit.h; the WAL is written with
+// manual_wal_flush, so the leader writes and fdatasyncs it): one fsync of the WAL covers every
 // batch applied before it started, whichever thread runs it. So a mutation acknowledged after
 // sync() survives kill -9 and power loss, and N concurrent mutations cost about one fsync.
 // RocksDB holds a LOCK file in the directory: a second process opening the same directory fails

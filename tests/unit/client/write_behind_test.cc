@@ -101,6 +101,9 @@ TEST(TaskPool, RunsEveryTaskAndStopDrainsTheQueue) {
     EXPECT_EQ(ran.load(), 100);
     pool.submit([&] { ++ran; });  // after stop: on the caller's thread
     EXPECT_EQ(ran.load(), 101);
+    EXPECT_TRUE(pool.stopped());
+    EXPECT_FALSE(pool.try_submit([&] { ++ran; }));  // refused, not run
+    EXPECT_EQ(ran.load(), 101);
   }
 }
 

@@ -457,7 +457,7 @@ TYPED_TEST(NamespaceTest, ReadDirPagesThroughTenThousandEntries) {
   InodeId d = this->must_mkdir(kRootInode, "big");
   std::set<std::string> want;
   for (int i = 0; i < 10000; ++i) {
-    std::string n = "e" + std::to_string(i * 7919 % 10000);
+    std::string n = testing::numbered("e", i * 7919 % 10000);
     if (i % 10 == 0) {
       ASSERT_TRUE(this->mkdir(d, n).has_value());
     } else {
@@ -682,7 +682,7 @@ TYPED_TEST(NamespaceTest, ChainSelectionRotatesOverOnlineChains) {
   ASSERT_OK(s.set_layout(pm::SetLayoutReq{kRootInode, 4u << 20, 1}));
   std::map<ChainId, int> uses;
   for (int i = 0; i < 40; ++i) {
-    auto f = this->create(kRootInode, "f" + std::to_string(i));
+    auto f = this->create(kRootInode, testing::numbered("f", i));
     ASSERT_TRUE(f.has_value());
     ASSERT_EQ(f->attr.layout.chains.size(), 1u);
     EXPECT_EQ(f->attr.layout.seed, 0u);
@@ -701,7 +701,7 @@ TYPED_TEST(NamespaceTest, ChainSelectionRotatesOverOnlineChains) {
   }
   EXPECT_EQ(online_chains.size(), 2u);
   for (int i = 0; i < 10; ++i) {
-    auto f = this->create(kRootInode, "g" + std::to_string(i));
+    auto f = this->create(kRootInode, testing::numbered("g", i));
     ASSERT_TRUE(f.has_value());
     EXPECT_EQ(online_chains.count(f->attr.layout.chains[0]), 1u);
   }
@@ -862,6 +862,33 @@ TYPED_TEST(NamespaceTest, RenameOverAnOpenFileKeepsItAsOrphan) {
   ASSERT_OK(s.close_session(pm::SessionReq{sess}));
   EXPECT_CODE(s.get_attr(pm::InodeReq{victim}), Code::kNotFound);
   ASSERT_EQ(s.gc_pending(InodeId(), 10)->size(), 1u);
+}
+
+TYPED_TEST(NamespaceTest, GcQueuePagesInInodeOrderAndForgetsDoneJobs) {
+  auto& s = *this->svc_;
+  std::vector<InodeId> inos;
+  for (int i = 0; i < 5; ++i) {
+    std::string name = testing::numbered("f", i);
+    inos.push_back(this->must_create(kRootInode, name));
+    ASSERT_OK(this->unlink(kRootInode, name));
+  }
+  auto first = s.gc_pending(InodeId(), 2);
+  ASSERT_TRUE(first.has_value());
+  ASSERT_EQ(first->size(), 2u);
+  EXPECT_EQ((*first)[0].ino, inos[0]);
+  EXPECT_EQ((*first)[1].ino, inos[1]);
+  auto next = s.gc_pending(inos[1], 2);
+  ASSERT_EQ(next->size(), 2u);
+  EXPECT_EQ((*next)[0].ino, inos[2]);
+  EXPECT_EQ((*next)[1].ino, inos[3]);
+  ASSERT_OK(s.gc_done(inos[0]));
+  ASSERT_OK(s.gc_done(inos[3]));
+  auto rest = s.gc_pending(InodeId(), 10);
+  ASSERT_EQ(rest->size(), 3u);
+  EXPECT_EQ((*rest)[0].ino, inos[1]);
+  EXPECT_EQ((*rest)[1].ino, inos[2]);
+  EXPECT_EQ((*rest)[2].ino, inos[4]);
+  EXPECT_EQ((*rest)[2].targets.size(), 4u);
 }
 
 TYPED_TEST(NamespaceTest, RestartKeepsEverythingAndNeverReusesInodeNumbers) {

@@ -57,6 +57,14 @@ struct RocksBackend {
   }
 };
 
+// prefix followed by the decimal i ("f" + std::to_string(i) trips gcc 12's -Wrestrict false
+// positive at -O3).
+inline std::string numbered(std::string_view prefix, long i) {
+  std::string s(prefix);
+  s += std::to_string(i);
+  return s;
+}
+
 template <class T>
 Code code_of(const Result<T>& r) {
   return r.status().code();
