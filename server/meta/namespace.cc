@@ -1268,7 +1268,11 @@ Result<std::vector<GcTask>> MetaService::gc_pending(InodeId after, size_t max) {
   std::vector<std::pair<InodeId, std::vector<ChainId>>> jobs;
   for (uint64_t ino : inos) {
     std::string key = schema::gc_key(InodeId(ino));
-    PENSTOCK_ASSIGN_OR_RETURN(auto v, store_->get(key));
+    // Read through a reference: moving the optional<string> out trips gcc 12's
+    // -Wmaybe-uninitialized under ASan at -O2 (a false positive).
+    auto got = store_->get(key);
+    if (!got.has_value()) return got.error();
+    const std::optional<std::string>& v = *got;
     if (!v.has_value()) continue;  // collected meanwhile
     PENSTOCK_ASSIGN_OR_RETURN(auto rec, schema::decode_record<schema::GcRecord>(*v, key));
     jobs.emplace_back(rec.attr.ino, rec.attr.layout.chains);

@@ -27,6 +27,7 @@
 #include "common/proto/method.h"
 #include "common/rpc/client.h"
 #include "common/rpc/server.h"
+#include "tests/support/test_service.h"
 
 namespace penstock {
 namespace {
@@ -34,62 +35,7 @@ namespace {
 using namespace std::chrono_literals;
 using proto::ServiceId;
 
-// ---- a test service, on the data service id with method numbers no real method uses ----
-struct EchoReq {
-  std::string text;
-  bool echo_bulk = false;         // reply with the request's bulk
-  uint32_t reply_bulk_len = 0;    // else: reply with this many pattern bytes
-  PENSTOCK_FIELDS(text, echo_bulk, reply_bulk_len);
-};
-struct EchoResp {
-  std::string text;
-  uint32_t bulk_in_len = 0;
-  PENSTOCK_FIELDS(text, bulk_in_len);
-};
-struct SleepReq {
-  uint32_t ms = 0;
-  uint32_t reply_bulk_len = 0;
-  PENSTOCK_FIELDS(ms, reply_bulk_len);
-};
-struct FailReq {
-  uint32_t code = 0;
-  std::string text;
-  PENSTOCK_FIELDS(code, text);
-};
-PENSTOCK_METHOD(Echo, ServiceId::kData, 1000, EchoReq, EchoResp);
-PENSTOCK_METHOD(Sleep, ServiceId::kData, 1001, SleepReq, proto::Empty);
-PENSTOCK_METHOD(Fail, ServiceId::kData, 1002, FailReq, proto::Empty);
-PENSTOCK_METHOD(NotRegistered, ServiceId::kData, 1999, proto::Empty, proto::Empty);
-
-uint8_t pattern_byte(size_t i) { return static_cast<uint8_t>((i * 131 + (i >> 11) * 7 + 1) & 0xff); }
-
-std::vector<uint8_t> pattern(size_t n) {
-  std::vector<uint8_t> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = pattern_byte(i);
-  return v;
-}
-
-void register_test_service(rpc::RpcServer& server) {
-  server.handle<Echo>([](const EchoReq& req, rpc::RequestContext& ctx) -> Result<EchoResp> {
-    EchoResp resp;
-    resp.text = req.text;
-    resp.bulk_in_len = static_cast<uint32_t>(ctx.bulk_in().size());
-    if (req.echo_bulk) {
-      ctx.bulk_out().assign(ctx.bulk_in().begin(), ctx.bulk_in().end());
-    } else if (req.reply_bulk_len > 0) {
-      ctx.bulk_out() = pattern(req.reply_bulk_len);
-    }
-    return resp;
-  });
-  server.handle<Sleep>([](const SleepReq& req, rpc::RequestContext& ctx) -> Result<proto::Empty> {
-    std::this_thread::sleep_for(std::chrono::milliseconds(req.ms));
-    if (req.reply_bulk_len > 0) ctx.bulk_out().assign(req.reply_bulk_len, 0xAB);
-    return proto::Empty{};
-  });
-  server.handle<Fail>([](const FailReq& req, rpc::RequestContext&) -> Result<proto::Empty> {
-    return Status(static_cast<Code>(req.code), req.text);
-  });
-}
+using namespace test_service;
 
 std::unique_ptr<rpc::RpcServer> start_server(uint16_t port = 0, uint32_t max_connections = 1024) {
   rpc::ServerOptions opts;
