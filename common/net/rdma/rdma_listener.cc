@@ -138,8 +138,6 @@ class ServerConn : public std::enable_shared_from_this<ServerConn> {
 
 struct Shared {
   int wake_fd = -1;
-  std::mutex mu;                                   // leaf
-  std::vector<std::shared_ptr<ServerConn>> ready;  // guarded by mu: connections with queued replies
   void wake() {
     uint64_t one = 1;
     ssize_t n = write(wake_fd, &one, sizeof(one));
@@ -241,10 +239,8 @@ bool ServerConn::queue_reply(Outgoing o) {
     dev_->pool->release(o.staged);
     return false;
   }
-  {
-    std::lock_guard<std::mutex> lock(shared_->mu);
-    shared_->ready.push_back(shared_from_this());
-  }
+  // Only a wake-up: the event thread visits every connection on each pass. (Keeping a list of
+  // ready connections here made a cycle Shared -> ServerConn -> Shared when a reply raced stop().)
   shared_->wake();
   return true;
 }
@@ -576,10 +572,6 @@ class ListenerImpl : public RdmaListener {
       rdma_destroy_id(id);
     }
     conns_.clear();
-    {
-      std::lock_guard<std::mutex> lock(shared_->mu);
-      shared_->ready.clear();
-    }
     if (listen_id_ != nullptr) rdma_destroy_id(listen_id_);
     listen_id_ = nullptr;
     devices_.clear();
@@ -627,10 +619,6 @@ class ListenerImpl : public RdmaListener {
         if (!c->closed_on_thread()) c->retry_reads(handler_);
         if (!c->closed_on_thread()) c->flush_outgoing();
         if (!c->closed_on_thread()) c->drain_cq(handler_);
-      }
-      {
-        std::lock_guard<std::mutex> lock(shared_->mu);
-        shared_->ready.clear();
       }
     }
   }
