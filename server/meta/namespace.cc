@@ -22,6 +22,16 @@ int64_t system_now_ns() {
 
 namespace {
 
+// The registered node or target with this uuid, or null. Maps are small (one entry per server or
+// disk), so a scan is fine.
+template <class Map>
+const typename Map::mapped_type* find_by_uuid(const Map& map, const std::string& uuid) {
+  for (const auto& [id, v] : map) {
+    if (v.rec.uuid == uuid) return &v;
+  }
+  return nullptr;
+}
+
 constexpr uint32_t kMaxLinks = 65000;           // as ext4
 constexpr uint32_t kDefaultReadDirEntries = 1024;
 constexpr uint32_t kMaxReadDirEntries = 4096;
@@ -1090,15 +1100,9 @@ Result<pm::RegisterNodeResp> MetaService::register_node_applied(const pm::Regist
   // Work on copies; they replace the live state only once the batch is durable.
   uint64_t next_node = next_node_, next_target = next_target_;
   NodeState node;
-  bool found = false;
-  for (const auto& [id, n] : nodes_) {
-    if (n.rec.uuid == req.node_uuid) {
-      node = n;
-      found = true;
-      break;
-    }
-  }
-  if (!found) {
+  if (const NodeState* known = find_by_uuid(nodes_, req.node_uuid)) {
+    node = *known;
+  } else {
     node.rec.id = NodeId(next_node++);
     node.rec.uuid = req.node_uuid;
     batch.put(schema::node_uuid_key(req.node_uuid), u64_record(node.rec.id.value));
@@ -1115,15 +1119,10 @@ Result<pm::RegisterNodeResp> MetaService::register_node_applied(const pm::Regist
   std::vector<proto::ChainInfo> new_chains;
   for (const auto& rep : req.targets) {
     TargetState t;
-    bool known = false;
-    for (const auto& [id, existing] : targets_) {
-      if (existing.rec.uuid == rep.uuid) {
-        t = existing;
-        known = true;
-        break;
-      }
-    }
-    if (!known) {
+    const TargetState* existing = find_by_uuid(targets_, rep.uuid);
+    if (existing != nullptr) {
+      t = *existing;
+    } else {
       t.rec.id = TargetId(next_target++);
       t.rec.uuid = rep.uuid;
       batch.put(schema::target_uuid_key(rep.uuid), u64_record(t.rec.id.value));

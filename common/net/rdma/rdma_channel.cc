@@ -42,9 +42,9 @@ using rdma::BufferPool;
 using rdma::RemoteBuffer;
 using rdma::Ring;
 
-constexpr uint64_t kTagRecv = 1ull << 62;
-constexpr uint64_t kTagSend = 2ull << 62;
-constexpr uint64_t kTagMask = 3ull << 62;
+using rdma::kTagMask;
+using rdma::kTagRecv;
+using rdma::kTagSend;
 constexpr auto kZombieGrace = std::chrono::seconds(5);
 constexpr int kBurst = 32;
 

@@ -41,10 +41,10 @@ using rdma::BufferPool;
 using rdma::RemoteBuffer;
 using rdma::Ring;
 
-constexpr uint64_t kTagRecv = 1ull << 62;
-constexpr uint64_t kTagSend = 2ull << 62;
-constexpr uint64_t kTagRead = 3ull << 62;
-constexpr uint64_t kTagMask = 3ull << 62;
+using rdma::kTagMask;
+using rdma::kTagRead;
+using rdma::kTagRecv;
+using rdma::kTagSend;
 constexpr int kBurst = 32;
 constexpr size_t kMaxErrorText = 4096;
 constexpr int kRetryMs = 5;  // re-check work stalled on pool space this often

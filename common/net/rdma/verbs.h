@@ -22,6 +22,12 @@
 
 namespace penstock::net::rdma {
 
+// Work-request ids: the top two bits say what kind of request completed, the rest is a slot index.
+inline constexpr uint64_t kTagRecv = 1ull << 62;
+inline constexpr uint64_t kTagSend = 2ull << 62;
+inline constexpr uint64_t kTagRead = 3ull << 62;  // the server's RDMA READ of a request's bulk
+inline constexpr uint64_t kTagMask = 3ull << 62;
+
 // Registered memory for bulk: one region registered once, handed out in contiguous runs. A
 // request larger than the whole region gets a region of its own, registered for it (rare: bulk
 // over the pool size) and deregistered when released.
