@@ -3,7 +3,8 @@
 // Threads: `io_threads` run the io_context (accept loop, per-connection read loops and writers);
 // handlers run on a separate pool of `worker_threads` because they may block on disk or RocksDB.
 // Each connection's socket state lives on its own strand: the read loop (a coroutine), the response
-// queue and the writer. A worker posts its finished response back to the strand.
+// queue and the writer. A worker posts its finished response back to the strand. A handler
+// registered with Dispatch::kInline runs in the read loop itself and queues its response directly.
 // Peer bytes are hostile: every length is checked by decode_header before anything is allocated,
 // buffers grow only as bytes actually arrive, and each connection is bounded in requests and bytes
 // in flight (the read loop pauses until responses drain).
@@ -73,6 +74,7 @@ const char* service_name(proto::ServiceId s) {
 struct HandlerEntry {
   std::string name;
   RpcServer::RawHandler fn;
+  Dispatch dispatch = Dispatch::kWorker;
 };
 
 struct Response {
@@ -251,24 +253,29 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
         continue;
       }
       const HandlerEntry* entry = &it->second;
+      if (entry->dispatch == Dispatch::kInline) {
+        enqueue(handle_request(*entry, std::move(in)), bytes);
+        if (closed_) co_return;
+        continue;
+      }
       asio::post(*server_->workers, [self = shared_from_this(), entry, in = std::move(in), bytes]() mutable {
-        self->run_handler(*entry, std::move(in), bytes);
+        Response resp = self->handle_request(*entry, std::move(in));
+        asio::post(self->strand_, [self, resp = std::move(resp), bytes]() mutable {
+          self->enqueue(std::move(resp), bytes);
+        });
       });
     }
   }
 
-  // Worker thread.
-  void run_handler(const HandlerEntry& entry, Incoming in, uint64_t bytes) {
+  // A worker thread, or the strand for an inline handler.
+  Response handle_request(const HandlerEntry& entry, Incoming in) {
     RequestContext ctx(in.bulk, peer_);
     Result<std::string> result = invoke(entry, in.message, ctx);
     if (!result.has_value() && result.error().code() == Code::kProtocol) {
       PENSTOCK_LOG(Warn) << "closing connection from " << peer_ << " after an undecodable " << entry.name
                          << " request: " << result.error().message();
     }
-    Response resp = make_response(in.header, std::move(result), std::move(ctx.bulk_out()));
-    asio::post(strand_, [self = shared_from_this(), resp = std::move(resp), bytes]() mutable {
-      self->enqueue(std::move(resp), bytes);
-    });
+    return make_response(in.header, std::move(result), std::move(ctx.bulk_out()));
   }
 
   // ---- strand ----
@@ -434,12 +441,13 @@ RpcServer::RpcServer(ServerOptions options) : impl_(std::make_unique<Impl>(std::
 
 RpcServer::~RpcServer() { stop(); }
 
-void RpcServer::add_handler(proto::ServiceId service, uint16_t method, std::string name, RawHandler handler) {
+void RpcServer::add_handler(proto::ServiceId service, uint16_t method, std::string name, Dispatch dispatch,
+                            RawHandler handler) {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     PENSTOCK_CHECK(!impl_->started);  // handlers are registered before start()
   }
-  auto [it, inserted] = impl_->handlers.emplace(handler_key(service, method), HandlerEntry{std::move(name), std::move(handler)});
+  auto [it, inserted] = impl_->handlers.emplace(handler_key(service, method), HandlerEntry{std::move(name), std::move(handler), dispatch});
   PENSTOCK_CHECK(inserted);  // one handler per (service, method)
   (void)it;
 }

@@ -59,6 +59,13 @@ struct ServerOptions {
   uint16_t rdma_port = 0;
 };
 
+// Where a handler runs. kWorker (the default): on the worker pool, so it may block on disk, on
+// RocksDB or on a group commit. kInline: on the connection's I/O thread as soon as the request is
+// read, saving two thread hops per request (worth ~2x on small metadata RPCs with 2 cores); only
+// for handlers that finish in microseconds and block rarely (an in-memory or memtable read), since
+// the connection reads nothing else meanwhile. Requests arriving over RDMA always use the pool.
+enum class Dispatch { kWorker, kInline };
+
 class RpcServer {
  public:
   // A raw handler: the encoded request in, the encoded response (or an error) out.
@@ -70,8 +77,9 @@ class RpcServer {
   RpcServer& operator=(const RpcServer&) = delete;
 
   template <proto::RpcMethod M>
-  void handle(std::function<Result<typename M::Response>(const typename M::Request&, RequestContext&)> fn) {
-    add_handler(M::kService, M::kId, std::string(M::kName),
+  void handle(std::function<Result<typename M::Response>(const typename M::Request&, RequestContext&)> fn,
+              Dispatch dispatch = Dispatch::kWorker) {
+    add_handler(M::kService, M::kId, std::string(M::kName), dispatch,
                 [fn = std::move(fn)](std::span<const uint8_t> msg, RequestContext& ctx) -> Result<std::string> {
                   auto req = proto::decode<typename M::Request>(msg);
                   if (!req.has_value()) return std::move(req).error().with_context(std::string(M::kName) + " request");
@@ -91,7 +99,8 @@ class RpcServer {
   void stop();
 
  private:
-  void add_handler(proto::ServiceId service, uint16_t method, std::string name, RawHandler handler);
+  void add_handler(proto::ServiceId service, uint16_t method, std::string name, Dispatch dispatch,
+                   RawHandler handler);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

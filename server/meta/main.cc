@@ -31,6 +31,7 @@ struct Flags {
   double session_lease_s = 30;
   double node_timeout_s = 10;
   int workers = 8;
+  int io_threads = 2;
 };
 
 int run(const Flags& flags) {
@@ -46,8 +47,9 @@ int run(const Flags& flags) {
     std::cerr << "penstock-meta: --listen: " << ep.error().to_string() << "; give host:port, e.g. 127.0.0.1:7600\n";
     return 2;
   }
-  if (flags.session_lease_s <= 0 || flags.node_timeout_s <= 0 || flags.workers < 1) {
-    std::cerr << "penstock-meta: --session-lease-s and --node-timeout-s must be > 0 and --workers >= 1\n";
+  if (flags.session_lease_s <= 0 || flags.node_timeout_s <= 0 || flags.workers < 1 ||
+      flags.io_threads < 1) {
+    std::cerr << "penstock-meta: --session-lease-s and --node-timeout-s must be > 0, --workers and --io-threads >= 1\n";
     return 2;
   }
   daemon::block_termination_signals();
@@ -80,6 +82,7 @@ int run(const Flags& flags) {
   rpc::ServerOptions sopts;
   sopts.listen = *ep;
   sopts.worker_threads = flags.workers;
+  sopts.io_threads = flags.io_threads;
   meta::MetaServer server(svc, sopts);
   st = server.start();
   if (!st.is_ok()) {
@@ -139,6 +142,9 @@ int main(int argc, char** argv) {
   app.add_option("--session-lease-s", flags.session_lease_s, "Seconds a client session lives without a heartbeat before its opens are dropped (default 30)")->capture_default_str();
   app.add_option("--node-timeout-s", flags.node_timeout_s, "Seconds without heartbeat after which a data server is marked offline (default 10)")->capture_default_str();
   app.add_option("--workers", flags.workers, "RPC worker threads that run metadata requests (default 8)")->capture_default_str();
+  app.add_option("--io-threads", flags.io_threads,
+                 "Network threads; they also answer lookups, getattr, readdir, open and release (default 2)")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

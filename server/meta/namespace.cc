@@ -988,7 +988,7 @@ Status MetaService::remove_xattr_applied(const pm::GetXattrReq& req) {
   return txn.commit().with_context("removexattr on inode " + req.ino.to_string());
 }
 
-Result<pm::AttrResp> MetaService::open_file_applied(const pm::OpenReq& req) {
+Result<pm::AttrResp> MetaService::open_file_applied(const pm::OpenReq& req, bool* orphan) {
   std::lock_guard lock(mu_);
   if (!session_alive(req.session)) {
     return Status(Code::kBadHandle, "session " + req.session.to_string() + " is unknown or expired; register a new session");
@@ -1006,6 +1006,7 @@ Result<pm::AttrResp> MetaService::open_file_applied(const pm::OpenReq& req) {
   batch.put(key, schema::encode_record(open));
   batch.put(schema::open_by_inode_key(req.ino, req.session), "");
   PENSTOCK_RETURN_IF_ERROR(store_->apply(batch).with_context("open inode " + req.ino.to_string()));
+  *orphan = rec->attr.nlink == 0;
   return pm::AttrResp{rec->attr};
 }
 
@@ -1349,8 +1350,18 @@ Result<pm::AttrResp> MetaService::set_attr(const pm::SetAttrReq& req) { return d
 Result<pm::AttrResp> MetaService::report_size(const pm::ReportSizeReq& req) { return durable(report_size_applied(req)); }
 Status MetaService::set_xattr(const pm::SetXattrReq& req) { return durable(set_xattr_applied(req)); }
 Status MetaService::remove_xattr(const pm::GetXattrReq& req) { return durable(remove_xattr_applied(req)); }
-Result<pm::AttrResp> MetaService::open_file(const pm::OpenReq& req) { return durable(open_file_applied(req)); }
-Status MetaService::release(const pm::ReleaseReq& req) { return durable(release_applied(req)); }
+// Opens and releases are the hot path of every file read and are not synced: the WAL is replayed
+// as a prefix, so the synced unlink that orphans a file also makes every open applied before it
+// durable, and only such an orphan's open records keep chunks alive. An open of a file that is
+// already an orphan (opened by inode after its unlink) is therefore synced. A release lost in a
+// crash only keeps an orphan until its session ends; the collector syncs before it removes
+// anything. docs/meta-store.md "Durability".
+Result<pm::AttrResp> MetaService::open_file(const pm::OpenReq& req) {
+  bool orphan = false;
+  auto r = open_file_applied(req, &orphan);
+  return orphan ? durable(std::move(r)) : r;
+}
+Status MetaService::release(const pm::ReleaseReq& req) { return release_applied(req); }
 Status MetaService::set_layout(const pm::SetLayoutReq& req) { return durable(set_layout_applied(req)); }
 Result<pm::RegisterNodeResp> MetaService::register_node(const pm::RegisterNodeReq& req) {
   return durable(register_node_applied(req));

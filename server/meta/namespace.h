@@ -118,10 +118,11 @@ class MetaService {
 
   // ---- open files ----
   // Counts one open of ino by the session; works on an unlinked-but-open inode. kNotFound,
-  // kBadHandle for an unknown session.
+  // kBadHandle for an unknown session. Replies without waiting for a WAL sync unless the inode is
+  // already unlinked (see the comment at the definition).
   Result<pm::AttrResp> open_file(const pm::OpenReq& req);
   // Drops one open. Idempotent: releasing an open that is not recorded is ok. The last release of
-  // an unlinked inode queues it for garbage collection.
+  // an unlinked inode queues it for garbage collection. Replies without waiting for a WAL sync.
   Status release(const pm::ReleaseReq& req);
   // size = max(size, req.size), mtime = req.mtime_ns (now when 0), generation bumped. kIsDir.
   Result<pm::AttrResp> report_size(const pm::ReportSizeReq& req);
@@ -187,7 +188,7 @@ class MetaService {
   Result<pm::AttrResp> report_size_applied(const pm::ReportSizeReq& req);
   Status set_xattr_applied(const pm::SetXattrReq& req);
   Status remove_xattr_applied(const pm::GetXattrReq& req);
-  Result<pm::AttrResp> open_file_applied(const pm::OpenReq& req);
+  Result<pm::AttrResp> open_file_applied(const pm::OpenReq& req, bool* orphan);
   Status release_applied(const pm::ReleaseReq& req);
   Status set_layout_applied(const pm::SetLayoutReq& req);
   Result<pm::RegisterNodeResp> register_node_applied(const pm::RegisterNodeReq& req);

@@ -1,5 +1,6 @@
 // A test RPC service shared by the RPC and transport suites: Echo (text and bulk both ways),
-// Sleep (a slow handler, for deadlines) and Fail (any status with a text), on the data service id
+// InlineEcho (the same, run with rpc::Dispatch::kInline on the I/O thread), Sleep (a slow
+// handler, for deadlines) and Fail (any status with a text), on the data service id
 // with method numbers no real method uses (1000+; 1999 is never registered).
 // Thread-safety: the handlers are stateless.
 #pragma once
@@ -40,6 +41,7 @@ struct FailReq {
 PENSTOCK_METHOD(Echo, proto::ServiceId::kData, 1000, EchoReq, EchoResp);
 PENSTOCK_METHOD(Sleep, proto::ServiceId::kData, 1001, SleepReq, proto::Empty);
 PENSTOCK_METHOD(Fail, proto::ServiceId::kData, 1002, FailReq, proto::Empty);
+PENSTOCK_METHOD(InlineEcho, proto::ServiceId::kData, 1003, EchoReq, EchoResp);
 PENSTOCK_METHOD(NotRegistered, proto::ServiceId::kData, 1999, proto::Empty, proto::Empty);
 
 // Deterministic bytes whose value depends on the position (and `salt`), so a misplaced byte shows.
@@ -50,18 +52,21 @@ inline std::vector<uint8_t> pattern(size_t n, uint8_t salt = 0) {
   return v;
 }
 
+inline Result<EchoResp> echo(const EchoReq& req, rpc::RequestContext& ctx) {
+  EchoResp resp;
+  resp.text = req.text;
+  resp.bulk_in_len = static_cast<uint32_t>(ctx.bulk_in().size());
+  if (req.echo_bulk) {
+    ctx.bulk_out().assign(ctx.bulk_in().begin(), ctx.bulk_in().end());
+  } else if (req.reply_bulk_len > 0) {
+    ctx.bulk_out() = pattern(req.reply_bulk_len);
+  }
+  return resp;
+}
+
 inline void register_test_service(rpc::RpcServer& server) {
-  server.handle<Echo>([](const EchoReq& req, rpc::RequestContext& ctx) -> Result<EchoResp> {
-    EchoResp resp;
-    resp.text = req.text;
-    resp.bulk_in_len = static_cast<uint32_t>(ctx.bulk_in().size());
-    if (req.echo_bulk) {
-      ctx.bulk_out().assign(ctx.bulk_in().begin(), ctx.bulk_in().end());
-    } else if (req.reply_bulk_len > 0) {
-      ctx.bulk_out() = pattern(req.reply_bulk_len);
-    }
-    return resp;
-  });
+  server.handle<Echo>(echo);
+  server.handle<InlineEcho>(echo, rpc::Dispatch::kInline);
   server.handle<Sleep>([](const SleepReq& req, rpc::RequestContext& ctx) -> Result<proto::Empty> {
     std::this_thread::sleep_for(std::chrono::milliseconds(req.ms));
     if (req.reply_bulk_len > 0) ctx.bulk_out().assign(req.reply_bulk_len, 0xAB);

@@ -129,6 +129,64 @@ TEST_F(RpcTest, ThousandConcurrentCallsFromEightThreadsAreMatched) {
   for (auto& c : completions) EXPECT_EQ(c.load(), 1);
 }
 
+TEST_F(RpcTest, InlineHandlerCarriesTextAndBulkBothWays) {
+  for (size_t n : {size_t{0}, size_t{4097}, size_t{(1u << 20) + 3}}) {
+    SCOPED_TRACE(n);
+    std::vector<uint8_t> out = pattern(n);
+    std::vector<uint8_t> in(n, 0);
+    EchoReq req;
+    req.text = "inline";
+    req.echo_bulk = true;
+    rpc::CallOptions opts;
+    opts.bulk_out = out;
+    opts.bulk_in = in;
+    auto r = client_->call<InlineEcho>(req, opts);
+    ASSERT_TRUE(r.has_value()) << r.error().to_string();
+    EXPECT_EQ(r->text, "inline");
+    EXPECT_EQ(r->bulk_in_len, n);
+    EXPECT_EQ(in, out);
+  }
+}
+
+// An inline request behind a slow worker request on the same connection is answered first, and
+// many inline calls pipelined with worker calls all match their callers.
+TEST_F(RpcTest, InlineRequestsPassSlowWorkerRequestsOnOneConnection) {
+  auto one = net::make_tcp_channel(runtime_, net::Endpoint{"127.0.0.1", port_}, net::TcpOptions{1000ms, 1});
+  rpc::RpcClient client(one, 5000ms);
+  std::atomic<bool> slow_done{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  client.call_async<Sleep>(SleepReq{2000, 0}, {}, [&](Result<proto::Empty> r) {
+    EXPECT_TRUE(r.has_value()) << r.error().to_string();
+    std::lock_guard<std::mutex> lock(mu);
+    slow_done = true;
+    cv.notify_all();
+  });
+  constexpr int kCalls = 200;
+  std::atomic<int> matched{0};
+  std::atomic<int> finished{0};
+  for (int i = 0; i < kCalls; ++i) {
+    EchoReq req;
+    req.text = "n" + std::to_string(i);
+    auto done = [&, expect = req.text](Result<EchoResp> r) {
+      if (r.has_value() && r->text == expect) matched.fetch_add(1);
+      finished.fetch_add(1);
+      std::lock_guard<std::mutex> lock(mu);
+      cv.notify_all();
+    };
+    if (i % 2 == 0) {
+      client.call_async<InlineEcho>(req, {}, done);
+    } else {
+      client.call_async<Echo>(req, {}, done);
+    }
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return finished.load() == kCalls; }));
+  EXPECT_FALSE(slow_done.load()) << "inline and worker calls waited behind a 2 s handler";
+  EXPECT_EQ(matched.load(), kCalls);
+  ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return slow_done.load(); }));
+}
+
 TEST_F(RpcTest, BulkOutAndInByteForByte) {
   for (size_t n : {size_t{1}, size_t{4097}, size_t{(1u << 20) + 3}, size_t{16u << 20}}) {
     SCOPED_TRACE(n);
@@ -503,6 +561,18 @@ TEST_F(RpcTest, UndecodableMessageGetsProtocolErrorThenClose) {
   EXPECT_EQ(f->first.request_id, 21u);
   EXPECT_EQ(f->first.status, static_cast<uint32_t>(Code::kProtocol));
   EXPECT_NE(f->second.find("Echo request"), std::string::npos) << f->second;
+  EXPECT_TRUE(peer.closed_by_server());
+  expect_echo_works();
+}
+
+TEST_F(RpcTest, UndecodableInlineMessageGetsProtocolErrorThenClose) {
+  RawPeer peer(port_);
+  peer.send_request(InlineEcho::kId, std::string("\x05\x00\x00\x00" "ab", 6), 22);
+  auto f = peer.read_frame();
+  ASSERT_TRUE(f.has_value()) << f.error().to_string();
+  EXPECT_EQ(f->first.request_id, 22u);
+  EXPECT_EQ(f->first.status, static_cast<uint32_t>(Code::kProtocol));
+  EXPECT_NE(f->second.find("InlineEcho request"), std::string::npos) << f->second;
   EXPECT_TRUE(peer.closed_by_server());
   expect_echo_works();
 }

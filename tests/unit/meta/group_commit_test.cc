@@ -310,6 +310,30 @@ TEST_F(NamespaceGroupCommitTest, MutationIsAcknowledgedOnlyAfterASyncCoveringIt)
   EXPECT_EQ(store_.durable(), store_.applied());
 }
 
+// Opens and releases answer without a sync; the unlink that makes the file an orphan is synced
+// and so covers every open applied before it, and an open of the orphan itself is synced.
+TEST_F(NamespaceGroupCommitTest, OpenAndReleaseSkipTheSyncUntilTheFileIsAnOrphan) {
+  auto sess = svc_->register_session(pm::RegisterSessionReq{"c", "h"});
+  ASSERT_TRUE(sess.has_value()) << sess.error().to_string();
+  auto a = create("a");
+  ASSERT_TRUE(a.has_value()) << a.error().to_string();
+  const InodeId ino = a->attr.ino;
+  const uint64_t synced = store_.durable();
+  ASSERT_TRUE(svc_->open_file(pm::OpenReq{ino, sess->session, 0}).has_value());
+  EXPECT_GT(store_.applied(), synced);
+  EXPECT_EQ(store_.durable(), synced) << "an open of a linked file waited for a sync";
+  ASSERT_OK(svc_->release(pm::ReleaseReq{ino, sess->session}));
+  EXPECT_EQ(store_.durable(), synced) << "a release waited for a sync";
+
+  ASSERT_TRUE(svc_->open_file(pm::OpenReq{ino, sess->session, 0}).has_value());
+  ASSERT_OK(svc_->unlink(pm::NameReq{kRootInode, "a"}));
+  EXPECT_EQ(store_.durable(), store_.applied()) << "the unlink's sync must cover the open before it";
+  const uint64_t after_unlink = store_.durable();
+  ASSERT_TRUE(svc_->open_file(pm::OpenReq{ino, sess->session, 0}).has_value());
+  EXPECT_GT(store_.durable(), after_unlink) << "an open of an orphan must be synced";
+  EXPECT_EQ(store_.durable(), store_.applied());
+}
+
 TEST_F(NamespaceGroupCommitTest, NamespaceLockIsFreeWhileASyncRuns) {
   // The first create's sync is held until a second create has applied its batch. Were the
   // namespace mutex held across the sync, the second create could never apply (the hold gives up
