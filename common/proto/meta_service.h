@@ -4,6 +4,7 @@
 // kUnavailable/kTimeout/kProtocol/kInternal, which any call can return.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -83,6 +84,10 @@ struct ListXattrResp { std::vector<std::string> names; PENSTOCK_FIELDS(names); }
 // Open/Release keep the per-session open count that keeps an unlinked file's chunks alive.
 struct OpenReq { InodeId ino; SessionId session; uint32_t flags = 0; PENSTOCK_FIELDS(ino, session, flags); };
 struct ReleaseReq { InodeId ino; SessionId session; PENSTOCK_FIELDS(ino, session); };
+// Many releases of one session in one RPC (a client batches the releases of files it closed), at
+// most kMaxReleaseBatch (kInvalid beyond).
+inline constexpr size_t kMaxReleaseBatch = 1024;
+struct ReleaseManyReq { SessionId session; std::vector<InodeId> inos; PENSTOCK_FIELDS(session, inos); };
 // A client reports the end of what it wrote: size becomes max(size, `size`), mtime is set.
 struct ReportSizeReq { InodeId ino; uint64_t size = 0; int64_t mtime_ns = 0; PENSTOCK_FIELDS(ino, size, mtime_ns); };
 
@@ -124,6 +129,7 @@ PENSTOCK_METHOD(ListXattr, ServiceId::kMeta, 32, InodeReq, ListXattrResp);
 PENSTOCK_METHOD(RemoveXattr, ServiceId::kMeta, 33, GetXattrReq, Empty);
 PENSTOCK_METHOD(Open, ServiceId::kMeta, 40, OpenReq, AttrResp);
 PENSTOCK_METHOD(Release, ServiceId::kMeta, 41, ReleaseReq, Empty);
+PENSTOCK_METHOD(ReleaseMany, ServiceId::kMeta, 43, ReleaseManyReq, Empty);
 PENSTOCK_METHOD(ReportSize, ServiceId::kMeta, 42, ReportSizeReq, AttrResp);
 PENSTOCK_METHOD(GetLayout, ServiceId::kMeta, 50, InodeReq, LayoutResp);
 PENSTOCK_METHOD(SetLayout, ServiceId::kMeta, 51, SetLayoutReq, Empty);

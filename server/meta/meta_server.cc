@@ -58,6 +58,8 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
                  kInline);
   server.handle<pm::Release>([&svc](const pm::ReleaseReq& r, RequestContext&) { return empty_or(svc.release(r)); },
                  kInline);
+  server.handle<pm::ReleaseMany>(
+      [&svc](const pm::ReleaseManyReq& r, RequestContext&) { return empty_or(svc.release_many(r)); }, kInline);
   server.handle<pm::ReportSize>([&svc](const pm::ReportSizeReq& r, RequestContext&) { return svc.report_size(r); });
   server.handle<pm::GetLayout>([&svc](const pm::InodeReq& r, RequestContext&) { return svc.get_layout(r); },
                  kInline);

@@ -1362,6 +1362,18 @@ Result<pm::AttrResp> MetaService::open_file(const pm::OpenReq& req) {
   return orphan ? durable(std::move(r)) : r;
 }
 Status MetaService::release(const pm::ReleaseReq& req) { return release_applied(req); }
+Status MetaService::release_many(const pm::ReleaseManyReq& req) {
+  if (req.inos.size() > pm::kMaxReleaseBatch) {
+    return Status(Code::kInvalid, std::to_string(req.inos.size()) + " releases in one ReleaseMany; at most " +
+                                      std::to_string(pm::kMaxReleaseBatch) + " (send several)");
+  }
+  Status first;
+  for (InodeId ino : req.inos) {
+    Status st = release_applied(pm::ReleaseReq{ino, req.session});
+    if (!st.is_ok() && first.is_ok()) first = std::move(st);
+  }
+  return first;
+}
 Status MetaService::set_layout(const pm::SetLayoutReq& req) { return durable(set_layout_applied(req)); }
 Result<pm::RegisterNodeResp> MetaService::register_node(const pm::RegisterNodeReq& req) {
   return durable(register_node_applied(req));

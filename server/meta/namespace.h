@@ -124,6 +124,9 @@ class MetaService {
   // Drops one open. Idempotent: releasing an open that is not recorded is ok. The last release of
   // an unlinked inode queues it for garbage collection. Replies without waiting for a WAL sync.
   Status release(const pm::ReleaseReq& req);
+  // release() of each inode in turn (a repeated inode is released as often as it is listed); all
+  // are tried, the first error is returned. kInvalid for more than pm::kMaxReleaseBatch inodes.
+  Status release_many(const pm::ReleaseManyReq& req);
   // size = max(size, req.size), mtime = req.mtime_ns (now when 0), generation bumped. kIsDir.
   Result<pm::AttrResp> report_size(const pm::ReportSizeReq& req);
 

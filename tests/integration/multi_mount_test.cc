@@ -7,11 +7,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -102,6 +105,43 @@ std::set<std::string> list_dir(const std::string& path) {
   }
   closedir(d);
   return names;
+}
+
+// Chunk directories of inode `ino` on every data server of the cluster (target/chunks/XX/INO).
+int chunk_dirs_of(const std::string& state_dir, uint64_t ino) {
+  namespace fs = std::filesystem;
+  int n = 0;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(state_dir, fs::directory_options::skip_permission_denied, ec), end;
+       !ec && it != end; it.increment(ec)) {
+    if (it->is_directory(ec) && it->path().filename() == std::to_string(ino) &&
+        it->path().parent_path().parent_path().filename() == "chunks") {
+      ++n;
+    }
+  }
+  return n;
+}
+
+TEST_F(TwoMountsTest, FileUnlinkedOnBStaysReadableOnAAndIsCollectedAfterClose) {
+  const std::string data = pattern((3u << 20) + 5, 0, 41);
+  ASSERT_TRUE(write_file(a("f"), data));
+  const int fd = open(a("f").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0) << errno_name(errno);
+  struct stat st {};
+  ASSERT_EQ(fstat(fd, &st), 0);
+  EXPECT_GT(chunk_dirs_of(cluster_->state_dir(), st.st_ino), 0);
+  ASSERT_EQ(unlink(b("f").c_str()), 0) << errno_name(errno);
+  bool ok = false;
+  EXPECT_TRUE(same_bytes(data, pread_all(fd, data.size(), 0, &ok)));
+  EXPECT_TRUE(ok);
+  ASSERT_EQ(close(fd), 0);
+  // The close's release reaches the meta server in a batch within milliseconds; the collector then
+  // removes the chunks from every data server.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (chunk_dirs_of(cluster_->state_dir(), st.st_ino) > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(chunk_dirs_of(cluster_->state_dir(), st.st_ino), 0) << "chunks of the closed orphan were not collected";
 }
 
 TEST_F(TwoMountsTest, MkdirOnAIsVisibleOnBAtOnce) {

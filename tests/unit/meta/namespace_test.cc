@@ -851,6 +851,29 @@ TYPED_TEST(NamespaceTest, UnlinkedButOpenFileStaysReadable) {
   EXPECT_EQ((*jobs)[0].targets.size(), 4u);
 }
 
+TYPED_TEST(NamespaceTest, ReleaseManyReleasesEachListedOpenAndBoundsTheBatch) {
+  auto& s = *this->svc_;
+  SessionId sess = this->new_session();
+  InodeId f = this->must_create(kRootInode, "f", sess);  // open 1
+  InodeId g = this->must_create(kRootInode, "g", sess);
+  ASSERT_OK(s.open_file(pm::OpenReq{f, sess, 0}));  // open 2 of f
+  ASSERT_OK(this->unlink(kRootInode, "f"));
+  ASSERT_OK(this->unlink(kRootInode, "g"));
+  // f twice (both of its opens), g once, and an inode never opened: all fine.
+  ASSERT_OK(s.release_many(pm::ReleaseManyReq{sess, {f, g, f, InodeId(999999)}}));
+  EXPECT_CODE(s.get_attr(pm::InodeReq{f}), Code::kNotFound);
+  EXPECT_CODE(s.get_attr(pm::InodeReq{g}), Code::kNotFound);
+  auto jobs = s.gc_pending(InodeId(), 100);
+  ASSERT_TRUE(jobs.has_value());
+  EXPECT_EQ(jobs->size(), 2u);
+  // A hostile batch past the bound is refused before anything is released.
+  InodeId h = this->must_create(kRootInode, "h", sess);
+  ASSERT_OK(this->unlink(kRootInode, "h"));
+  std::vector<InodeId> many(pm::kMaxReleaseBatch + 1, h);
+  EXPECT_CODE(s.release_many(pm::ReleaseManyReq{sess, many}), Code::kInvalid);
+  EXPECT_TRUE(s.get_attr(pm::InodeReq{h}).has_value());
+}
+
 TYPED_TEST(NamespaceTest, RenameOverAnOpenFileKeepsItAsOrphan) {
   auto& s = *this->svc_;
   SessionId sess = this->new_session();
