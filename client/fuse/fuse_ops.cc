@@ -2,7 +2,9 @@
 
 #include <sys/statvfs.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/xattr.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -185,6 +187,15 @@ void op_init(void* userdata, fuse_conn_info* conn) {
   // as setattr(size) so one path truncates. The kernel clears suid/sgid on write itself.
   conn->want &= ~(FUSE_CAP_WRITEBACK_CACHE | FUSE_CAP_ATOMIC_O_TRUNC | FUSE_CAP_HANDLE_KILLPRIV);
   conn->max_write = kMaxWrite;
+  // Read-ahead and async reads are "background" requests: the kernel keeps at most 12 in flight by
+  // default and starts dropping read-ahead at 9, which is too few for several sequential readers
+  // each with a 1 MiB window. (Unprivileged mounts are capped by /proc/sys/fs/fuse/max_user_bgreq.)
+  conn->max_background = 64;
+  conn->congestion_threshold = 48;
+  // conn->max_readahead stays what the kernel offered (libfuse clamps it to that, and the kernel
+  // sets the mount's read-ahead to the smaller of the two): the offer is the 128 KiB bdi default,
+  // so penstock-mount raises the bdi's read_ahead_kb itself once this INIT has been answered
+  // (main.cc, kernel_readahead).
   PENSTOCK_LOG(Info) << "FUSE protocol " << conn->proto_major << "." << conn->proto_minor
                      << ", kernel offers 0x" << std::hex << conn->capable << ", agreed 0x" << conn->want
                      << std::dec << " (async_read " << ((conn->want & FUSE_CAP_ASYNC_READ) != 0)
@@ -193,7 +204,8 @@ void op_init(void* userdata, fuse_conn_info* conn) {
                      << ", splice " << ((conn->want & FUSE_CAP_SPLICE_READ) != 0)
                      << ", auto_inval_data " << ((conn->want & FUSE_CAP_AUTO_INVAL_DATA) != 0)
                      << ", writeback_cache 0), max_write " << conn->max_write << ", max_read "
-                     << conn->max_read << ", max_readahead " << conn->max_readahead;
+                     << conn->max_read << ", max_readahead " << conn->max_readahead
+                     << ", max_background " << conn->max_background;
 }
 
 void op_destroy(void* userdata) {
@@ -362,13 +374,38 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
 
 void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   FileHandle* fh = file_of(fi);
-  // fuse_reply_buf copies before returning, so one buffer per worker thread is reused.
-  thread_local std::vector<uint8_t> buf;
-  buf.resize(size);
-  auto r = client_of(req).read(fh->ino, fh->layout, fh->size_hint.load(), static_cast<uint64_t>(off),
-                               std::span<uint8_t>(buf.data(), size), fh->read_ctx.get());
-  if (!r.has_value()) return reply_status(req, r.error(), "read", ino);
-  fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), *r);
+  // Bytes the cache holds are replied straight from the cached blocks (an iovec the kernel copies
+  // once); only bytes read directly land in this per-thread scratch buffer. `pieces` pins the
+  // blocks until the reply has been written, and is emptied after it so no block stays pinned.
+  thread_local std::vector<uint8_t> scratch;
+  thread_local client::ReadPieces pieces;
+  if (scratch.size() < size) scratch.resize(size);
+  auto r = client_of(req).read_pieces(fh->ino, fh->layout, fh->size_hint.load(), static_cast<uint64_t>(off),
+                                      std::span<uint8_t>(scratch.data(), size), fh->read_ctx.get(), &pieces);
+  if (!r.has_value()) {
+    pieces.clear();
+    return reply_status(req, r.error(), "read", ino);
+  }
+  if (pieces.spans.size() <= 1) {
+    const char* data = pieces.spans.empty() ? nullptr : reinterpret_cast<const char*>(pieces.spans[0].data());
+    fuse_reply_buf(req, data, *r);
+  } else {
+    // A 1 MiB read spans at most two cache blocks (plus a partial one when unaligned).
+    constexpr size_t kInline = 8;
+    iovec inline_iov[kInline];
+    std::vector<iovec> heap_iov;
+    iovec* iov = inline_iov;
+    if (pieces.spans.size() > kInline) {
+      heap_iov.resize(pieces.spans.size());
+      iov = heap_iov.data();
+    }
+    for (size_t i = 0; i < pieces.spans.size(); ++i) {
+      iov[i].iov_base = const_cast<uint8_t*>(pieces.spans[i].data());
+      iov[i].iov_len = pieces.spans[i].size();
+    }
+    fuse_reply_iov(req, iov, static_cast<int>(pieces.spans.size()));
+  }
+  pieces.clear();
 }
 
 void do_write(fuse_req_t req, fuse_ino_t ino, std::span<const uint8_t> data, off_t off, fuse_file_info* fi) {
@@ -555,11 +592,23 @@ void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* v
   if (name == client::kLayoutXattr) {
     return reply_status(req, c.set_layout_text(InodeId(ino), v), "setxattr layout", ino);
   }
+  if (name == client::kDropCachesXattr) {
+    // Cold caches slow every user of the cluster: root or whoever runs this mount only.
+    const uid_t uid = fuse_req_ctx(req)->uid;
+    if (uid != 0 && uid != ::getuid()) {
+      return reply_status(req, Status(Code::kNotPermitted, "only root or the mount's owner may drop caches"),
+                          "setxattr drop_caches", ino);
+    }
+    return reply_status(req, c.drop_caches(), "setxattr drop_caches", ino);
+  }
   reply_status(req, c.setxattr(InodeId(ino), name, v, static_cast<uint32_t>(flags)), "setxattr", ino);
 }
 
 void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
   Client& c = client_of(req);
+  if (name == client::kDropCachesXattr) {
+    return reply_status(req, Status(Code::kNoData, "drop_caches is an action, not a value"), "getxattr", ino);
+  }
   if (name == client::kLayoutXattr) {
     auto r = c.get_layout(InodeId(ino));
     if (!r.has_value()) return reply_status(req, r.error(), "getxattr layout", ino);
@@ -575,7 +624,7 @@ void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   if (!r.has_value()) return reply_status(req, r.error(), "listxattr", ino);
   std::string list;
   for (const auto& n : *r) {
-    if (n == client::kLayoutXattr) continue;  // virtual: never listed
+    if (n == client::kLayoutXattr || n == client::kDropCachesXattr) continue;  // virtual: never listed
     list += n;
     list.push_back('\0');
   }

@@ -7,8 +7,9 @@
 // Startup order: parse options; unless --foreground, fork before any thread exists (the parent
 // waits until the child reports "mounted" and exits 0, or exits with the child's failure); connect
 // to penstock-meta and register the session BEFORE mounting (an unreachable server leaves the
-// mountpoint untouched); mount; detach from the terminal; serve until SIGINT/SIGTERM/SIGHUP or
-// `fusermount3 -u`; unmount and close the session.
+// mountpoint untouched); mount; answer the kernel's INIT request; raise the mount's kernel
+// read-ahead (it must follow INIT, whose reply caps it at the kernel's 128 KiB default); detach from
+// the terminal; serve until SIGINT/SIGTERM/SIGHUP or `fusermount3 -u`; unmount and close the session.
 #include <fcntl.h>
 #include <limits.h>
 #include <malloc.h>
@@ -22,6 +23,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -99,6 +102,52 @@ void finish_daemonizing(int ready_fd, const std::string& log_file) {
   close(ready_fd);
 }
 
+// Answers the first request of a new mount, INIT, on this thread: the kernel sets the mount's bdi
+// read-ahead when it gets the reply, so only after that can set_kernel_readahead() raise it. Returns
+// false when no request could be read (the session loop then meets the same error).
+bool serve_init(fuse_session* se) {
+  fuse_buf buf{};
+  int n;
+  do {
+    n = fuse_session_receive_buf(se, &buf);
+  } while (n == -EINTR);
+  if (n <= 0) {
+    std::free(buf.mem);
+    PENSTOCK_LOG(Warn) << "reading the FUSE INIT request failed: " << std::strerror(n < 0 ? -n : EIO)
+                       << "; kernel read-ahead stays at the kernel default";
+    return false;
+  }
+  fuse_session_process_buf(se, &buf);
+  std::free(buf.mem);
+  return true;
+}
+
+// Sets the mount's bdi read_ahead_kb to `bytes` (0: leave the kernel default). Failing is not fatal:
+// reads work, only large reads cross FUSE in smaller requests, so it is logged and skipped.
+void set_kernel_readahead(const std::string& mountpoint, uint64_t bytes) {
+  if (bytes == 0) return;
+  std::ifstream in("/proc/self/mountinfo");
+  std::stringstream text;
+  text << in.rdbuf();
+  auto dev = penstock::fuse::fuse_mount_dev(text.str(), mountpoint);
+  if (!dev.has_value()) {
+    PENSTOCK_LOG(Warn) << "kernel read-ahead left at the kernel default: " << dev.error().message();
+    return;
+  }
+  auto old_kb = penstock::fuse::set_bdi_read_ahead("/sys/class/bdi", *dev, bytes);
+  if (!old_kb.has_value()) {
+    PENSTOCK_LOG(Warn) << "kernel read-ahead left at the kernel default (large reads cross FUSE in "
+                          "smaller requests): "
+                       << old_kb.error().message()
+                       << (old_kb.error().code() == Code::kNotPermitted
+                               ? "; mount as root, or pass kernel_readahead=0 to silence this"
+                               : "");
+    return;
+  }
+  PENSTOCK_LOG(Info) << "kernel read-ahead of bdi " << penstock::fuse::bdi_name(*dev) << " set to "
+                     << bytes / 1024 << " KiB (was " << *old_kb << " KiB)";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -113,7 +162,7 @@ int main(int argc, char** argv) {
       "Unmount with `fusermount3 -u MOUNTPOINT` (or umount as root)."};
   app.set_config("--config", "", "read options from a TOML file (keys: meta, threads, clone-fd, "
                                  "foreground, log-level, log-file, transport, cache-size, readahead-max, "
-                                 "dirty-limit)");
+                                 "dirty-limit, kernel-readahead)");
   app.add_option("--meta", s.meta, "penstock-meta address host:port")->capture_default_str();
   app.add_flag("-f,--foreground", s.foreground, "stay in the foreground, logging to stderr");
   app.add_option("--threads", s.threads, "most FUSE worker threads")->check(CLI::Range(1, 1024))->capture_default_str();
@@ -127,7 +176,7 @@ int main(int argc, char** argv) {
                  "else TCP), rdma or tcp; the log says which each connection uses")
       ->check(CLI::IsMember({"auto", "rdma", "tcp"}))
       ->capture_default_str();
-  std::string cache_size, readahead_max, dirty_limit;
+  std::string cache_size, readahead_max, dirty_limit, kernel_readahead;
   app.add_option("--cache-size", cache_size,
                  "bytes of file data the client caches for all files (LRU; K/M/G/T suffixes, powers of "
                  "1024; 0 = no cache) [default 1G]");
@@ -136,9 +185,15 @@ int main(int argc, char** argv) {
   app.add_option("--dirty-limit", dirty_limit,
                  "write-behind: most bytes written but not yet on the data servers; writers wait "
                  "beyond it (0 = every write goes out before it returns) [default 256M]");
+  app.add_option("--kernel-readahead", kernel_readahead,
+                 "the kernel's read-ahead for this mount (its bdi read_ahead_kb; the kernel default of "
+                 "128K splits every large read into 128 KiB FUSE requests); whole KiB up to 1G; "
+                 "0 = keep the kernel default; needs root [default " +
+                     std::to_string(MountSettings::kDefaultKernelReadahead >> 20) + "M]");
   app.add_option("-o", option_lists,
                  "mount options: meta=HOST:PORT, threads=N, clone_fd, log_level=L, log_file=F, ro, "
-                 "transport=auto|rdma|tcp, cache_size=S, readahead_max=S, dirty_limit=S; the "
+                 "transport=auto|rdma|tcp, cache_size=S, readahead_max=S, dirty_limit=S, "
+                 "kernel_readahead=S; the "
                  "generic rw, defaults, nodev, nosuid, noatime, _netdev, allow_other, ... are accepted")
       ->allow_extra_args(false);
   app.add_option("args", positionals, "[META_ADDR] MOUNTPOINT")->required()->expected(1, 2);
@@ -160,6 +215,10 @@ int main(int argc, char** argv) {
   size_flag(cache_size, "--cache-size", &s.cache_size);
   size_flag(readahead_max, "--readahead-max", &s.readahead_max);
   size_flag(dirty_limit, "--dirty-limit", &s.dirty_limit);
+  size_flag(kernel_readahead, "--kernel-readahead", &s.kernel_readahead);
+  if (Status st = penstock::fuse::check_kernel_readahead(s.kernel_readahead, "--kernel-readahead"); !st.is_ok()) {
+    die(st.message());
+  }
   for (const auto& list : option_lists) {
     Status st = penstock::fuse::apply_mount_options(list, &s);
     if (!st.is_ok()) die(st.message());
@@ -238,6 +297,7 @@ int main(int argc, char** argv) {
     die("cannot mount at " + mountpoint +
         " (see the message above; is /dev/fuse available and the directory not already a mount?)");
   }
+  if (s.kernel_readahead != 0 && serve_init(se)) set_kernel_readahead(mountpoint, s.kernel_readahead);
   PENSTOCK_LOG(Info) << "mounted penstock:" << s.meta << " at " << mountpoint << " (threads " << s.threads
                      << (s.clone_fd ? ", clone_fd" : "") << "; cache " << s.cache_size << " bytes, read-ahead up to "
                      << s.readahead_max << " bytes per stream, write-behind up to " << s.dirty_limit

@@ -1,7 +1,15 @@
 #include "client/fuse/mount_options.h"
 
+#include <fcntl.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
 #include <array>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
+#include <optional>
+#include <vector>
 
 #include "common/base/log.h"
 
@@ -106,13 +114,17 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
         return bad("mount option transport=" + std::string(value) + " is not auto, rdma or tcp");
       }
       s->transport = std::string(value);
-    } else if (key == "cache_size" || key == "readahead_max" || key == "dirty_limit") {
+    } else if (key == "cache_size" || key == "readahead_max" || key == "dirty_limit" || key == "kernel_readahead") {
       PENSTOCK_RETURN_IF_ERROR(need_value());
       auto size = parse_byte_size(value);
       if (!size.has_value()) return bad("mount option " + std::string(key) + ": " + size.error().message());
       if (key == "cache_size") s->cache_size = *size;
       if (key == "readahead_max") s->readahead_max = *size;
       if (key == "dirty_limit") s->dirty_limit = *size;
+      if (key == "kernel_readahead") {
+        PENSTOCK_RETURN_IF_ERROR(check_kernel_readahead(*size, "mount option kernel_readahead"));
+        s->kernel_readahead = *size;
+      }
     } else if (key.starts_with("x-")) {
       continue;
     } else {
@@ -121,12 +133,119 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
       if (!ignored) {
         return bad("unknown mount option '" + std::string(opt) +
                    "' (penstock options: meta=, threads=, clone_fd, log_level=, log_file=, ro, transport=, "
-                   "cache_size=, readahead_max=, dirty_limit=)");
+                   "cache_size=, readahead_max=, dirty_limit=, kernel_readahead=)");
       }
       if (key == "rw") s->read_only = false;
     }
   }
   return Status::ok();
+}
+
+Status check_kernel_readahead(uint64_t bytes, std::string_view what) {
+  if (bytes % 1024 != 0 || bytes > MountSettings::kMaxKernelReadahead) {
+    std::string msg(what);
+    msg.append(" must be whole KiB and at most 1G (0 keeps the kernel default), not ");
+    msg.append(std::to_string(bytes));
+    msg.append(" bytes");
+    return bad(std::move(msg));
+  }
+  return Status::ok();
+}
+
+namespace {
+
+// mountinfo escapes space, tab, newline and backslash as \ooo (octal).
+std::string unescape_mountinfo(std::string_view field) {
+  std::string out;
+  out.reserve(field.size());
+  for (size_t i = 0; i < field.size(); ++i) {
+    if (field[i] == '\\' && i + 3 < field.size()) {
+      const std::string_view oct = field.substr(i + 1, 3);
+      int v = 0;
+      auto [ptr, ec] = std::from_chars(oct.data(), oct.data() + oct.size(), v, 8);
+      if (ec == std::errc() && ptr == oct.data() + oct.size()) {
+        out.push_back(static_cast<char>(v));
+        i += 3;
+        continue;
+      }
+    }
+    out.push_back(field[i]);
+  }
+  return out;
+}
+
+std::vector<std::string_view> split_spaces(std::string_view line) {
+  std::vector<std::string_view> f;
+  size_t pos = 0;
+  while (pos < line.size()) {
+    const size_t sp = line.find(' ', pos);
+    const size_t end = sp == std::string_view::npos ? line.size() : sp;
+    if (end > pos) f.push_back(line.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  return f;
+}
+
+}  // namespace
+
+Result<dev_t> fuse_mount_dev(std::string_view mountinfo, std::string_view mountpoint) {
+  std::optional<dev_t> found;
+  size_t pos = 0;
+  while (pos < mountinfo.size()) {
+    const size_t nl = mountinfo.find('\n', pos);
+    const size_t end = nl == std::string_view::npos ? mountinfo.size() : nl;
+    const std::vector<std::string_view> f = split_spaces(mountinfo.substr(pos, end - pos));
+    pos = end + 1;
+    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTIONS
+    if (f.size() < 8 || unescape_mountinfo(f[4]) != mountpoint) continue;
+    size_t dash = 6;
+    while (dash < f.size() && f[dash] != "-") ++dash;
+    if (dash + 1 >= f.size()) continue;
+    const std::string_view fstype = f[dash + 1];
+    if (fstype != "fuse" && !fstype.starts_with("fuse.")) continue;
+    const std::string_view devtext = f[2];
+    const size_t colon = devtext.find(':');
+    if (colon == std::string_view::npos) continue;
+    unsigned maj = 0, min = 0;
+    auto r1 = std::from_chars(devtext.data(), devtext.data() + colon, maj);
+    auto r2 = std::from_chars(devtext.data() + colon + 1, devtext.data() + devtext.size(), min);
+    if (r1.ec != std::errc() || r2.ec != std::errc()) continue;
+    found = makedev(maj, min);
+  }
+  if (!found) {
+    return Status(Code::kNotFound, "no FUSE mount at " + std::string(mountpoint) + " in /proc/self/mountinfo");
+  }
+  return *found;
+}
+
+std::string bdi_name(dev_t dev) { return std::to_string(major(dev)) + ":" + std::to_string(minor(dev)); }
+
+Result<uint64_t> set_bdi_read_ahead(const std::string& sysfs_bdi_dir, dev_t dev, uint64_t bytes) {
+  const std::string path = sysfs_bdi_dir + "/" + bdi_name(dev) + "/read_ahead_kb";
+  auto fail = [&](const char* doing, int err) {
+    const Code code = err == ENOENT   ? Code::kNotFound
+                      : (err == EACCES || err == EPERM || err == EROFS) ? Code::kNotPermitted
+                                                                         : Code::kIo;
+    return Status(code, std::string(doing) + " " + path + ": " + std::strerror(err));
+  };
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return fail("cannot open", errno);
+  char old_text[32] = {};
+  const ssize_t got = ::pread(fd, old_text, sizeof old_text - 1, 0);
+  if (got < 0) {
+    const int err = errno;
+    ::close(fd);
+    return fail("cannot read", err);
+  }
+  uint64_t old_kb = 0;
+  std::from_chars(old_text, old_text + got, old_kb);
+  const std::string text = std::to_string(bytes / 1024) + "\n";
+  const ssize_t put = ::pwrite(fd, text.data(), text.size(), 0);
+  const int err = errno;
+  ::close(fd);
+  if (put < 0) return fail("cannot write", err);
+  if (static_cast<size_t>(put) != text.size()) return fail("short write to", EIO);
+  return old_kb;
 }
 
 }  // namespace penstock::fuse

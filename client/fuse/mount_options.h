@@ -1,8 +1,12 @@
 // Settings of penstock-mount and the "-o opt1,opt2" option list of the mount-helper form
 // (`penstock-mount META_ADDR MOUNTPOINT -o ...`, exec'd by /sbin/mount.fuse.penstock for
-// `mount -t fuse.penstock` and fstab). Pure parsing. Thread-safety: pure.
+// `mount -t fuse.penstock` and fstab), and the kernel read-ahead setting of a mount's bdi (sysfs).
+// Parsing is pure; set_bdi_read_ahead writes one sysfs file. Thread-safety: no shared state.
 #pragma once
 
+#include <sys/types.h>
+
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -25,12 +29,20 @@ struct MountSettings {
   uint64_t cache_size = 1ull << 30;      // client data cache shared by all files
   uint64_t readahead_max = 64ull << 20;  // largest read-ahead window per sequential stream
   uint64_t dirty_limit = 256ull << 20;   // write-behind bytes not yet on the data servers
+  // Kernel read-ahead of the mount (its bdi's read_ahead_kb), set once after mounting. The kernel
+  // starts every FUSE mount at 128 KiB, which splits each large read into 128 KiB FUSE requests.
+  // Bytes, whole KiB, at most kMaxKernelReadahead; 0 leaves the kernel default. Needs root.
+  uint64_t kernel_readahead = kDefaultKernelReadahead;
+
+  static constexpr uint64_t kDefaultKernelReadahead = 1ull << 20;
+  static constexpr uint64_t kMaxKernelReadahead = 1ull << 30;
 };
 
 // Applies a comma-separated option list to `s`. Penstock options: meta=HOST:PORT, threads=N,
 // clone_fd, log_level=LEVEL, log_file=PATH, foreground, ro, transport=auto|rdma|tcp,
-// cache_size=SIZE, readahead_max=SIZE, dirty_limit=SIZE (SIZE: bytes with an optional K, M, G or
-// T suffix, powers of 1024). Accepted and
+// cache_size=SIZE, readahead_max=SIZE, dirty_limit=SIZE, kernel_readahead=SIZE (SIZE: bytes with
+// an optional K, M, G or T suffix, powers of 1024; kernel_readahead: whole KiB, at most 1G).
+// Accepted and
 // ignored (mount(8) and fstab pass them; their effect is built in or handled by mount(8)): rw,
 // defaults, nodev, nosuid, dev, suid, exec, noexec, noatime, relatime, atime, auto, noauto, user,
 // nouser, users, nofail, _netdev, allow_other, default_permissions, x-* (systemd). kInvalid names
@@ -40,5 +52,25 @@ Status apply_mount_options(std::string_view list, MountSettings* s);
 // Parses a byte size: digits with an optional K, M, G or T suffix (powers of 1024; "KiB" etc.
 // too). kInvalid otherwise, or on overflow.
 Result<uint64_t> parse_byte_size(std::string_view text);
+
+// kInvalid unless `bytes` is a valid kernel_readahead value (whole KiB, at most 1 GiB; 0 = keep
+// the kernel default). `what` names the option in the message.
+Status check_kernel_readahead(uint64_t bytes, std::string_view what);
+
+// The name of the bdi (backing device info) of a file system whose st_dev is `dev`: "MAJ:MIN",
+// the directory under /sys/class/bdi (FUSE mounts have major 0: "0:NN").
+std::string bdi_name(dev_t dev);
+
+// The device number (st_dev) of the FUSE mount at `mountpoint` (an absolute, resolved path), found
+// in the text of /proc/self/mountinfo; the last matching line wins (the mount on top). Read from
+// mountinfo because stat() of a FUSE mountpoint asks the FUSE daemon, which may not serve yet.
+// kNotFound when no FUSE mount is at `mountpoint`.
+Result<dev_t> fuse_mount_dev(std::string_view mountinfo, std::string_view mountpoint);
+
+// Sets the read-ahead of the bdi `dev` to `bytes` (rounded down to KiB) by writing
+// SYSFS_BDI_DIR/MAJ:MIN/read_ahead_kb; `sysfs_bdi_dir` is "/sys/class/bdi" outside tests. Returns
+// the value (KiB) the file held before. kNotFound when there is no such bdi, kNotPermitted when
+// the file may not be written (not root), kIo for other failures; the file is then unchanged.
+Result<uint64_t> set_bdi_read_ahead(const std::string& sysfs_bdi_dir, dev_t dev, uint64_t bytes);
 
 }  // namespace penstock::fuse

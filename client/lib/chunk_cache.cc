@@ -146,6 +146,15 @@ void ChunkCache::set_generation(InodeId ino, uint64_t generation) {
   if (it != inodes_.end() && it->second.generation != generation) drop_inode_locked(it);
 }
 
+uint64_t ChunkCache::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t dropped = lru_.size();
+  inodes_.clear();
+  lru_.clear();
+  used_ = 0;
+  return dropped;
+}
+
 CacheStats ChunkCache::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   CacheStats s = stats_;

@@ -88,6 +88,11 @@ class ChunkCache {
   void invalidate(InodeId ino);
   // Drops the blocks of `ino` unless they belong to `generation` (e.g. at open).
   void set_generation(InodeId ino, uint64_t generation);
+  // Drops every block of every inode (cold-cache benchmarks). Blocks still being fetched are
+  // detached like evicted ones: their current waiters get their bytes, their fetchers complete them
+  // without putting them back (erase() checks identity), and every later lookup starts a new fetch.
+  // Returns the number of blocks dropped; the hit/miss counters are kept.
+  uint64_t clear();
 
   uint64_t capacity() const { return capacity_; }
   CacheStats stats() const;

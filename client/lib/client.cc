@@ -116,7 +116,11 @@ Status Client::start() {
     std::lock_guard<std::mutex> lock(routes_mu_);
     routes_ = std::make_shared<const ClusterRoutes>(std::move(map->map));
   }
-  if (options_.register_session) heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  if (options_.register_session) {
+    heartbeat_ = std::thread([this] { heartbeat_loop(); });
+    rel_running_ = true;
+    releaser_ = std::thread([this] { release_loop(); });
+  }
   cache_ = std::make_unique<ChunkCache>(options_.cache_size);
   if (options_.dirty_limit > 0) budget_ = std::make_unique<DirtyBudget>(options_.dirty_limit);
   pool_ = std::make_unique<TaskPool>(std::max(1, options_.worker_threads));
@@ -140,6 +144,12 @@ void Client::shutdown() {
       }
     }
     if (pool_ != nullptr) pool_->stop();
+    {
+      std::lock_guard<std::mutex> lock(rel_mu_);
+      rel_stop_ = true;  // the releaser sends what is queued, then ends
+    }
+    rel_cv_.notify_all();
+    if (releaser_.joinable()) releaser_.join();
     {
       std::lock_guard<std::mutex> lock(hb_mu_);
       stop_ = true;
@@ -415,6 +425,45 @@ Result<std::shared_ptr<rpc::RpcClient>> Client::data_client(const std::string& a
   return it->second;
 }
 
+Status Client::drop_caches() {
+  const uint64_t blocks = cache_->clear();
+  PENSTOCK_RETURN_IF_ERROR(refresh_map().with_context("drop caches: fetching the cluster map"));
+  auto current = routes();
+  std::vector<proto::NodeInfo> nodes;
+  for (const proto::NodeInfo& n : current->map().nodes) {
+    if (n.online) nodes.push_back(n);  // an offline node serves nothing and caches nothing for us
+  }
+  auto completion = std::make_shared<Completion>(nodes.size());
+  auto replies = std::make_shared<std::vector<data::DropCachesResp>>(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    auto rpc = data_client(nodes[i].address);
+    if (!rpc.has_value()) {
+      completion->set(i, rpc.error());
+      continue;
+    }
+    (*rpc)->call_async<data::DropCaches>(data::DropCachesReq{}, {},
+                                         [completion, replies, i](Result<data::DropCachesResp> r) {
+                                           if (r.has_value()) (*replies)[i] = *r;
+                                           completion->set(i, r.status());
+                                         });
+  }
+  std::vector<Status> results = completion->wait();
+  data::DropCachesResp total;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (!results[i].is_ok()) {
+      return results[i].with_context("DropCaches on data server " + nodes[i].address + " (node " +
+                                     nodes[i].id.to_string() + ")");
+    }
+    total.targets += (*replies)[i].targets;
+    total.files += (*replies)[i].files;
+    total.fds_closed += (*replies)[i].fds_closed;
+  }
+  PENSTOCK_LOG(Info) << "caches dropped: " << blocks << " client cache block(s); on " << nodes.size()
+                     << " data server(s), " << total.targets << " target(s), page cache of " << total.files
+                     << " chunk file(s), " << total.fds_closed << " open descriptor(s)";
+  return Status::ok();
+}
+
 Result<std::string> Client::data_transport(const std::string& address) {
   PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<rpc::RpcClient> rpc, data_client(address));
   return rpc->channel()->describe();
@@ -553,6 +602,27 @@ void Client::fetch_block(InodeId ino, const proto::Layout& layout, const std::sh
 
 Result<size_t> Client::read(InodeId ino, const proto::Layout& layout, uint64_t size_hint, uint64_t offset,
                             std::span<uint8_t> buf, ReadContext* ctx) {
+  ReadPieces pieces;
+  PENSTOCK_ASSIGN_OR_RETURN(size_t n, read_pieces(ino, layout, size_hint, offset, buf, ctx, &pieces));
+  size_t pos = 0;
+  for (std::span<const uint8_t> piece : pieces.spans) {
+    // Pieces read directly are in `buf` at their place already; cached ones are copied.
+    if (piece.data() != buf.data() + pos) std::memcpy(buf.data() + pos, piece.data(), piece.size());
+    pos += piece.size();
+  }
+  return n;
+}
+
+Result<size_t> Client::read_pieces(InodeId ino, const proto::Layout& layout, uint64_t size_hint, uint64_t offset,
+                                   std::span<uint8_t> buf, ReadContext* ctx, ReadPieces* out_pieces) {
+  out_pieces->clear();
+  // The whole range landed in `buf` (a direct read): one piece.
+  auto direct = [out_pieces](std::span<const uint8_t> bytes) {
+    out_pieces->clear();
+    out_pieces->spans.push_back(bytes);
+    out_pieces->bytes = bytes.size();
+    return bytes.size();
+  };
   if (buf.empty()) return size_t{0};
   // Our own buffered writes first: a client always reads what it wrote.
   PENSTOCK_RETURN_IF_ERROR(wb_drain_overlap(ino, offset, buf.size()));
@@ -572,7 +642,7 @@ Result<size_t> Client::read(InodeId ino, const proto::Layout& layout, uint64_t s
   std::span<uint8_t> out = buf.first(n);
   if (ctx == nullptr || cache_->capacity() == 0 || layout.chunk_size == 0) {
     PENSTOCK_RETURN_IF_ERROR(read_ranges(ino, layout, {{offset, out}}));
-    return static_cast<size_t>(n);
+    return direct(out);
   }
   const uint64_t bs = block_size(layout);
   ReadAdvice advice;
@@ -596,7 +666,7 @@ Result<size_t> Client::read(InodeId ino, const proto::Layout& layout, uint64_t s
     }
     if (blocks.empty()) {
       PENSTOCK_RETURN_IF_ERROR(read_ranges(ino, layout, {{offset, out}}));
-      return static_cast<size_t>(n);
+      return direct(out);
     }
   } else {
     std::vector<std::shared_ptr<CachedBlock>> mine;
@@ -627,16 +697,24 @@ Result<size_t> Client::read(InodeId ino, const proto::Layout& layout, uint64_t s
   }
   for (auto& blk : blocks) {
     Status st = blk->wait();
-    if (!st.is_ok()) return st;
+    if (!st.is_ok()) {
+      out_pieces->clear();  // its spans point into `blocks`, which go away now
+      return st;
+    }
     const uint64_t lo = std::max(offset, blk->offset());
     const uint64_t hi = std::min(end, blk->offset() + blk->length());
     if (hi < std::min(end, blk->offset() + bs)) {
       // A block cut at an older EOF that a fetch in flight still answers: read the range directly.
       PENSTOCK_RETURN_IF_ERROR(read_ranges(ino, layout, {{offset, out}}));
-      return static_cast<size_t>(n);
+      return direct(out);
     }
-    if (hi > lo) std::memcpy(out.data() + (lo - offset), blk->data() + (lo - blk->offset()), hi - lo);
+    if (hi > lo) {
+      out_pieces->spans.emplace_back(blk->data() + (lo - blk->offset()), hi - lo);
+      out_pieces->bytes += hi - lo;
+    }
   }
+  // The spans point into the blocks: they stay pinned as long as *out_pieces holds them.
+  out_pieces->pins = std::move(blocks);
   return static_cast<size_t>(n);
 }
 
@@ -883,10 +961,52 @@ Status Client::fsync(InodeId ino, const proto::Layout& layout) {
 
 Status Client::release(InodeId ino) {
   Status flushed = flush(ino);
-  auto r = meta_call<meta::Release>(meta::ReleaseReq{ino, session()});
-  if (!flushed.is_ok()) return flushed;
-  if (!r.has_value()) return r.error().with_context("release inode " + ino.to_string());
-  return Status::ok();
+  bool queued = false;
+  {
+    std::lock_guard<std::mutex> lock(rel_mu_);
+    if (rel_running_ && !rel_stop_) {
+      rel_queue_.push_back(ino);
+      queued = true;
+      if (rel_queue_.size() == 1 || rel_queue_.size() >= meta::kMaxReleaseBatch) rel_cv_.notify_all();
+    }
+  }
+  if (!queued) send_releases({ino});  // no session, or after shutdown()
+  return flushed;
+}
+
+// Closes come in bursts (a loader closing the files it read, a rank closing its shards): after
+// the first queued release the thread waits this long for more before sending them together.
+constexpr auto kReleaseGather = std::chrono::milliseconds(2);
+
+void Client::release_loop() {
+  std::unique_lock<std::mutex> lock(rel_mu_);
+  for (;;) {
+    rel_cv_.wait(lock, [this] { return rel_stop_ || !rel_queue_.empty(); });
+    if (rel_queue_.empty()) return;  // stopping and everything was sent
+    rel_cv_.wait_for(lock, kReleaseGather,
+                     [this] { return rel_stop_ || rel_queue_.size() >= meta::kMaxReleaseBatch; });
+    std::vector<InodeId> batch;
+    if (rel_queue_.size() > meta::kMaxReleaseBatch) {
+      const auto end = rel_queue_.begin() + static_cast<std::ptrdiff_t>(meta::kMaxReleaseBatch);
+      batch.assign(rel_queue_.begin(), end);
+      rel_queue_.erase(rel_queue_.begin(), end);
+    } else {
+      batch.swap(rel_queue_);
+    }
+    lock.unlock();
+    send_releases(std::move(batch));
+    lock.lock();
+  }
+}
+
+void Client::send_releases(std::vector<InodeId> inos) {
+  const size_t n = inos.size();
+  auto r = meta_call<meta::ReleaseMany>(meta::ReleaseManyReq{session(), std::move(inos)});
+  if (!r.has_value()) {
+    PENSTOCK_LOG(Warn) << "releasing " << n << " closed file(s) at the meta server failed: " << r.error().to_string()
+                       << " (their open records stay until the session ends, which only delays freeing the "
+                          "space of files unlinked meanwhile)";
+  }
 }
 
 Result<proto::InodeAttr> Client::truncate(InodeId ino, uint64_t size, const proto::Caller& caller) {

@@ -79,6 +79,21 @@ struct ReadContext {
   StreamDetector detector;  // guarded by mu
 };
 
+// The bytes of one read, in file order, as spans that point either into cached blocks (pinned by
+// `pins`, so the memory stays valid while this object lives; no copy was made) or into the scratch
+// buffer the caller passed to Client::read_pieces. Filled by read_pieces; the caller owns it and
+// may reuse it after clear(). Not thread-safe.
+struct ReadPieces {
+  std::vector<std::span<const uint8_t>> spans;   // contiguous in the file, from the read's offset
+  std::vector<std::shared_ptr<CachedBlock>> pins;  // keep the blocks `spans` point into alive
+  size_t bytes = 0;                                // sum of the span sizes
+  void clear() {
+    spans.clear();
+    pins.clear();
+    bytes = 0;
+  }
+};
+
 class Client {
  public:
   // Connects to penstock-meta, registers a session (when asked) and loads the cluster map.
@@ -154,6 +169,14 @@ class Client {
   // (or for random reads that miss the cache) the range is read directly.
   Result<size_t> read(InodeId ino, const proto::Layout& layout, uint64_t size_hint, uint64_t offset,
                       std::span<uint8_t> buf, ReadContext* ctx = nullptr);
+  // read() without the copy out of the cache, for callers that can send scattered memory (the FUSE
+  // adapter replies with an iovec): reads up to scratch.size() bytes at `offset` with exactly the
+  // semantics, errors and side effects of read(), but bytes served from the cache are handed out as
+  // spans of the cached blocks (pinned in *out) and only bytes read directly from the data servers
+  // land in `scratch`. *out is cleared first; on success out->bytes is the returned count. `scratch`
+  // and *out are the caller's; *out must not outlive `scratch`.
+  Result<size_t> read_pieces(InodeId ino, const proto::Layout& layout, uint64_t size_hint, uint64_t offset,
+                             std::span<uint8_t> scratch, ReadContext* ctx, ReadPieces* out);
   // Writes all of `data` at `offset`. With write-behind (dirty_limit > 0) the bytes are gathered
   // into per-file buffers sent asynchronously (blocking while the dirty bound is passed); an error
   // of an earlier asynchronous send of this file is returned here, and at flush/fsync. Without it
@@ -169,8 +192,17 @@ class Client {
   Status fsync(InodeId ino, const proto::Layout& layout);
   // Cache and write-behind counters (for logs and tests).
   CacheStats cache_stats() const { return cache_->stats(); }
+  // Drops the caches between this client and the disks, for cold-cache benchmarks: this client's
+  // chunk cache (open handles keep working; blocks in flight are detached, never put back), then
+  // DropCaches on every online data server of a freshly fetched cluster map, all in parallel (each
+  // drops its open-file cache and the page cache of its chunk files). Write-behind buffers are not
+  // touched. Errors: the first failing server's error with its address (kUnavailable, kTimeout,
+  // kIo), or the meta server's error fetching the map. Thread-safe.
+  Status drop_caches();
   uint64_t dirty_bytes() const { return budget_ ? budget_->used() : 0; }
-  // flush(), then Release at the meta server. Returns the first error; Release runs in any case.
+  // flush(), then queues the Release for the meta server and returns flush()'s result: a
+  // background thread sends queued releases in batches (ReleaseMany, within about 2 ms), so a
+  // close never waits for its release and many closes share one RPC. shutdown() sends the rest.
   Status release(InodeId ino);
   // Cuts the file to `size`: data Truncate on every target of every chain of its layout first, then
   // the meta size, then forgets this client's size knowledge. Returns the new attributes.
@@ -202,6 +234,8 @@ class Client {
 
   Status start();
   void heartbeat_loop();
+  void release_loop();
+  void send_releases(std::vector<InodeId> inos);
   Status refresh_map();
   std::shared_ptr<const ClusterRoutes> routes() const;
   Result<std::shared_ptr<rpc::RpcClient>> data_client(const std::string& address);
@@ -266,6 +300,13 @@ class Client {
   bool stop_ = false;
   std::thread heartbeat_;
   std::once_flag shutdown_once_;
+
+  std::mutex rel_mu_;  // guards rel_queue_, rel_running_ and rel_stop_ (leaf lock)
+  std::condition_variable rel_cv_;
+  std::vector<InodeId> rel_queue_;  // releases not yet sent
+  bool rel_running_ = false;        // releaser_ takes releases
+  bool rel_stop_ = false;
+  std::thread releaser_;
 
   // Data path. pool_ is declared last: it stops (and its tasks end) before anything they use.
   struct OpenedVersion {

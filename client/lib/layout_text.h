@@ -18,6 +18,10 @@ namespace penstock::client {
 
 // The xattr name the client serves itself: never stored at the meta server, never listed.
 inline constexpr std::string_view kLayoutXattr = "user.penstock.layout";
+// Setting this virtual xattr on any inode of a mount (any value, e.g. "1") drops the caches on the
+// way to the disks (Client::drop_caches): the mount's chunk cache and every data server's caches.
+// Root or the mount's owner only (EPERM otherwise); reading it gives ENODATA; never stored or listed.
+inline constexpr std::string_view kDropCachesXattr = "user.penstock.drop_caches";
 
 // A parsed `set` request: the keys that were given. At least one is present.
 struct LayoutSpec {

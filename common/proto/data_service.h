@@ -36,6 +36,16 @@ struct TruncateReq { TargetId target; InodeId ino; uint64_t size = 0; uint32_t c
 struct RemoveReq { TargetId target; InodeId ino; PENSTOCK_FIELDS(target, ino); };
 // Flush `ino`'s chunks on the target to stable storage (fsync).
 struct SyncReq { TargetId target; InodeId ino; PENSTOCK_FIELDS(target, ino); };
+// Drop the server's caches of the named targets (every target it serves when `targets` is empty):
+// its open chunk-file descriptors and the kernel page cache of the chunk files (dirty pages are
+// written first, so no byte changes). For benchmarks that must start cold; safe during I/O.
+struct DropCachesReq { std::vector<TargetId> targets; PENSTOCK_FIELDS(targets); };
+struct DropCachesResp {
+  uint32_t targets = 0;     // targets whose caches were dropped
+  uint64_t files = 0;       // chunk files whose page cache was dropped
+  uint64_t fds_closed = 0;  // open-file cache entries dropped
+  PENSTOCK_FIELDS(targets, files, fds_closed);
+};
 
 using ServiceId = ::penstock::proto::ServiceId;
 PENSTOCK_METHOD(Write, ServiceId::kData, 1, WriteReq, WriteResp);
@@ -43,5 +53,6 @@ PENSTOCK_METHOD(Read, ServiceId::kData, 2, ReadReq, ReadResp);
 PENSTOCK_METHOD(Truncate, ServiceId::kData, 3, TruncateReq, Empty);
 PENSTOCK_METHOD(Remove, ServiceId::kData, 4, RemoveReq, Empty);
 PENSTOCK_METHOD(Sync, ServiceId::kData, 5, SyncReq, Empty);
+PENSTOCK_METHOD(DropCaches, ServiceId::kData, 6, DropCachesReq, DropCachesResp);
 
 }  // namespace penstock::proto::data

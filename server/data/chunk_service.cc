@@ -91,4 +91,28 @@ Status ChunkService::sync(const proto::data::SyncReq& req, std::span<const uint8
   return store->sync(req.ino);
 }
 
+Result<proto::data::DropCachesResp> ChunkService::drop_caches(const proto::data::DropCachesReq& req,
+                                                             std::span<const uint8_t> bulk_in) {
+  PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "DropCaches"));
+  std::vector<std::pair<TargetId, std::shared_ptr<ChunkStore>>> stores;
+  if (req.targets.empty()) {
+    std::shared_lock<std::shared_mutex> g(mu_);
+    for (const auto& [id, store] : served_) stores.emplace_back(id, store);
+  } else {
+    for (TargetId t : req.targets) {
+      PENSTOCK_ASSIGN_OR_RETURN(auto store, store_for(t));
+      stores.emplace_back(t, std::move(store));
+    }
+  }
+  proto::data::DropCachesResp resp;
+  for (auto& [id, store] : stores) {
+    auto dropped = store->drop_caches();
+    if (!dropped.has_value()) return dropped.error().with_context("DropCaches of target " + id.to_string());
+    ++resp.targets;
+    resp.files += dropped->files;
+    resp.fds_closed += dropped->fds_closed;
+  }
+  return resp;
+}
+
 }  // namespace penstock::data

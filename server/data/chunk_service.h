@@ -40,6 +40,10 @@ class ChunkService {
   Status truncate(const proto::data::TruncateReq& req, std::span<const uint8_t> bulk_in);
   Status remove(const proto::data::RemoveReq& req, std::span<const uint8_t> bulk_in);
   Status sync(const proto::data::SyncReq& req, std::span<const uint8_t> bulk_in);
+  // Drops the caches of the named targets (all served ones when none is named; none yet before
+  // registration). kNotFound for a target not served here (nothing dropped then), kIo from a store.
+  Result<proto::data::DropCachesResp> drop_caches(const proto::data::DropCachesReq& req,
+                                                  std::span<const uint8_t> bulk_in);
 
  private:
   mutable std::shared_mutex mu_;  // guards served_

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -55,11 +56,30 @@ Status errno_error(int err, const std::string& what) {
   return Status(code, what + ": " + std::strerror(err));
 }
 
-struct OpenChunk {
-  Fd fd;
-  ChunkHeader header;
-  uint64_t length = 0;
+// A 4 KiB-aligned buffer that only grows: the bounce buffer of O_DIRECT transfers, one per thread.
+class AlignedBuffer {
+ public:
+  ~AlignedBuffer() { std::free(data_); }
+  // At least `n` bytes, aligned to kDataAlignment. Contents are not kept across calls.
+  std::span<uint8_t> get(size_t n) {
+    if (n > size_) {
+      std::free(data_);
+      size_t want = (n + kDataAlignment - 1) / kDataAlignment * kDataAlignment;
+      data_ = static_cast<uint8_t*>(std::aligned_alloc(kDataAlignment, want));
+      PENSTOCK_CHECK(data_ != nullptr);  // out of memory
+      size_ = want;
+    }
+    return std::span<uint8_t>(data_, n);
+  }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
 };
+
+thread_local AlignedBuffer t_bounce;
+
+uint64_t round_down(uint64_t v) { return v / kB * kB; }
 
 std::atomic<bool> g_fallocate_warned{false};
 
@@ -68,9 +88,32 @@ Status validate_common(InodeId ino, uint32_t chunk_size) {
   return layout::validate_chunk_size(chunk_size);
 }
 
+
+}  // namespace
+
+// An open chunk file: the buffered descriptor (header, table, everything when direct I/O is off),
+// the O_DIRECT one for aligned data blocks (-1 when off), and the header verified at open.
+struct ChunkStore::ChunkFile {
+  Fd fd;
+  Fd direct;
+  ChunkHeader header;
+};
+
+namespace {
+
+using ChunkFile = ChunkStore::ChunkFile;
+
+// A chunk file and its length at the start of this request.
+struct OpenChunk {
+  std::shared_ptr<ChunkFile> file;
+  uint64_t length = 0;
+  int fd() const { return file->fd.get(); }
+  const ChunkHeader& header() const { return file->header; }
+};
+
 // Reads one block's table entry range [first, first + n) of an open chunk.
 IoOp table_read(const OpenChunk& c, uint64_t first_block, std::vector<uint8_t>* buf) {
-  return IoOp::read(c.fd.get(), c.header.table_offset + first_block * kTableEntrySize, {std::span<uint8_t>(*buf)});
+  return IoOp::read(c.fd(), c.header().table_offset + first_block * kTableEntrySize, {std::span<uint8_t>(*buf)});
 }
 
 // Which slot of `e` matches `sum`: 1 current, 2 previous, 0 neither.
@@ -88,15 +131,15 @@ Status corrupt_block(const Target& t, InodeId ino, uint64_t index, uint64_t bloc
 
 // Opens an existing chunk and validates its header. kNotFound when there is none: a missing file,
 // or one whose header was never written (a crash between create and the first fsync).
-Result<OpenChunk> open_chunk(const Target& t, InodeId ino, uint64_t index, int flags) {
+Result<std::shared_ptr<ChunkFile>> open_chunk_file(const Target& t, InodeId ino, uint64_t index) {
   std::string path = t.chunk_path(ino, index);
-  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT || errno == ENOTDIR) return Status(Code::kNotFound, chunk_name(ino, index) + " is not on this target");
     return errno_error(errno, "cannot open " + path);
   }
-  OpenChunk c;
-  c.fd.reset(fd);
+  auto file = std::make_shared<ChunkFile>();
+  file->fd.reset(fd);
   struct stat st {};
   if (::fstat(fd, &st) != 0) return errno_error(errno, "cannot stat " + path);
   uint64_t size = static_cast<uint64_t>(st.st_size);
@@ -117,19 +160,30 @@ Result<OpenChunk> open_chunk(const Target& t, InodeId ino, uint64_t index, int f
     return Status(Code::kCorrupt, path + " holds the header of chunk " + std::to_string(h->ino) + "/" +
                                       std::to_string(h->chunk_index));
   }
-  if (size < h->data_offset || size - h->data_offset > h->chunk_size) {
-    return Status(Code::kCorrupt, path + " has a size (" + std::to_string(size) + ") that no chunk of " +
-                                      std::to_string(h->chunk_size) + " bytes can have");
+  file->header = *h;
+  return file;
+}
+
+// The chunk's length now (file size minus the data offset), checked against its header.
+Result<OpenChunk> with_length(const Target& t, InodeId ino, uint64_t index, std::shared_ptr<ChunkFile> file) {
+  struct stat st {};
+  if (::fstat(file->fd.get(), &st) != 0) return errno_error(errno, "cannot stat " + t.chunk_path(ino, index));
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const ChunkHeader& h = file->header;
+  if (size < h.data_offset || size - h.data_offset > h.chunk_size) {
+    return Status(Code::kCorrupt, t.chunk_path(ino, index) + " has a size (" + std::to_string(size) +
+                                      ") that no chunk of " + std::to_string(h.chunk_size) + " bytes can have");
   }
-  c.header = *h;
-  c.length = size - h->data_offset;
+  OpenChunk c;
+  c.length = size - h.data_offset;
+  c.file = std::move(file);
   return c;
 }
 
 Status check_chunk_size(const OpenChunk& c, InodeId ino, uint64_t index, uint32_t chunk_size) {
-  if (c.header.chunk_size != chunk_size) {
+  if (c.header().chunk_size != chunk_size) {
     return Status(Code::kInvalid, chunk_name(ino, index) + " was created with chunk size " +
-                                      std::to_string(c.header.chunk_size) + ", request says " +
+                                      std::to_string(c.header().chunk_size) + ", request says " +
                                       std::to_string(chunk_size));
   }
   return Status::ok();
@@ -156,18 +210,18 @@ Status reserve(int fd, int mode, uint64_t offset, uint64_t length, const std::st
 
 // Creates a chunk file: header and zeroed table are written to "<index>.tmp", space for them is
 // reserved, then it is renamed into place, so a chunk file always starts with a complete header.
-Result<OpenChunk> create_chunk(const Target& t, InodeId ino, uint64_t index, uint32_t chunk_size) {
+Result<std::shared_ptr<ChunkFile>> create_chunk(const Target& t, InodeId ino, uint64_t index, uint32_t chunk_size) {
   std::string dir = t.inode_dir(ino);
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return errno_error(errno, "cannot create " + dir);
   std::string path = t.chunk_path(ino, index);
   std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return errno_error(errno, "cannot create " + tmp);
-  OpenChunk c;
-  c.fd.reset(fd);
-  c.header = make_chunk_header(ino.value, index, chunk_size);
-  std::vector<uint8_t> head(c.header.data_offset, 0);
-  auto encoded = encode_chunk_header(c.header);
+  auto file = std::make_shared<ChunkFile>();
+  file->fd.reset(fd);
+  file->header = make_chunk_header(ino.value, index, chunk_size);
+  std::vector<uint8_t> head(file->header.data_offset, 0);
+  auto encoded = encode_chunk_header(file->header);
   std::copy(encoded.begin(), encoded.end(), head.begin());
   Status st = reserve(fd, 0, 0, head.size(), "reserving the header of " + tmp);
   if (st.is_ok()) {
@@ -179,8 +233,7 @@ Result<OpenChunk> create_chunk(const Target& t, InodeId ino, uint64_t index, uin
     ::unlink(tmp.c_str());
     return st.with_context("creating " + chunk_name(ino, index) + " on " + t.path());
   }
-  c.length = 0;
-  return c;
+  return file;
 }
 
 // The bytes [pos, pos + len) of a virtual buffer made of consecutive pieces, copied to dst.
@@ -200,9 +253,118 @@ void gather(std::span<const std::span<const uint8_t>> pieces, uint64_t pos, uint
   }
 }
 
+// Whether a fresh file in `dir` can be opened with O_DIRECT (tmpfs and some FUSE file systems say
+// EINVAL). Other failures (a read-only directory) say nothing about O_DIRECT: assume it works and
+// let each open decide.
+bool probe_direct(const std::string& dir, std::string* why) {
+  std::string probe = dir + "/.direct-io-probe";
+  int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == EINVAL) {
+    *why = std::strerror(errno);
+    ::unlink(probe.c_str());
+    return false;
+  }
+  if (fd >= 0) ::close(fd);
+  ::unlink(probe.c_str());
+  return true;
+}
+
 }  // namespace
 
-ChunkStore::ChunkStore(std::shared_ptr<Target> target) : target_(std::move(target)) {}
+ChunkStore::ChunkStore(std::shared_ptr<Target> target, ChunkStoreOptions options)
+    : target_(std::move(target)), options_(options) {
+  if (options_.direct_io) {
+    std::string why;
+    if (probe_direct(target_->path(), &why)) {
+      direct_ = true;
+    } else {
+      direct_warned_ = true;
+      PENSTOCK_LOG(Warn) << "target " << target_->path() << " refuses O_DIRECT (" << why
+                         << "; tmpfs does): --direct-io is off for it and chunk data goes through the page cache. "
+                         << "Put the target on ext4 or xfs for direct I/O";
+    }
+  }
+}
+
+ChunkStore::~ChunkStore() = default;
+
+void ChunkStore::open_direct(ChunkFile& file, const std::string& path) {
+  if (!direct_.load() || file.direct.get() >= 0) return;
+  int fd = ::open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+  if (fd >= 0) {
+    file.direct.reset(fd);
+    return;
+  }
+  // Not fatal: the buffered descriptor does the same I/O. EINVAL means the file system refuses it.
+  if (errno == EINVAL) direct_ = false;
+  if (!direct_warned_.exchange(true)) {
+    PENSTOCK_LOG(Warn) << "cannot open " << path << " with O_DIRECT (" << std::strerror(errno)
+                       << "); chunk data of target " << target_->path() << " goes through the page cache";
+  }
+}
+
+Result<std::shared_ptr<ChunkFile>> ChunkStore::acquire(InodeId ino, uint64_t chunk_index) {
+  const Key key{ino.value, chunk_index};
+  if (options_.fd_cache > 0) {
+    std::lock_guard<std::mutex> g(fd_mu_);
+    auto it = fds_.find(key);
+    if (it != fds_.end()) {
+      fd_lru_.splice(fd_lru_.begin(), fd_lru_, it->second.lru);
+      return it->second.file;
+    }
+  }
+  PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file, open_chunk_file(*target_, ino, chunk_index));
+  open_direct(*file, target_->chunk_path(ino, chunk_index));
+  remember(ino, chunk_index, file);
+  return file;
+}
+
+void ChunkStore::remember(InodeId ino, uint64_t chunk_index, std::shared_ptr<ChunkFile> file) {
+  if (options_.fd_cache == 0) return;
+  const Key key{ino.value, chunk_index};
+  std::vector<std::shared_ptr<ChunkFile>> closing;  // closed after fd_mu_ is released
+  std::lock_guard<std::mutex> g(fd_mu_);
+  auto it = fds_.find(key);
+  if (it != fds_.end()) {
+    // Two readers of one chunk opened it at once: keep the first, this one closes with its request.
+    fd_lru_.splice(fd_lru_.begin(), fd_lru_, it->second.lru);
+    return;
+  }
+  while (fds_.size() >= options_.fd_cache && !fd_lru_.empty()) {
+    auto victim = fds_.find(fd_lru_.back());
+    closing.push_back(std::move(victim->second.file));
+    fds_.erase(victim);
+    fd_lru_.pop_back();
+  }
+  fd_lru_.push_front(key);
+  fds_.emplace(key, FdEntry{std::move(file), fd_lru_.begin()});
+}
+
+void ChunkStore::forget(InodeId ino, uint64_t chunk_index) {
+  std::shared_ptr<ChunkFile> closing;
+  std::lock_guard<std::mutex> g(fd_mu_);
+  auto it = fds_.find(Key{ino.value, chunk_index});
+  if (it == fds_.end()) return;
+  closing = std::move(it->second.file);
+  fd_lru_.erase(it->second.lru);
+  fds_.erase(it);
+}
+
+void ChunkStore::forget_inode(InodeId ino) {
+  std::vector<std::shared_ptr<ChunkFile>> closing;
+  std::lock_guard<std::mutex> g(fd_mu_);
+  auto it = fds_.lower_bound(Key{ino.value, 0});
+  while (it != fds_.end() && it->first.first == ino.value) {
+    closing.push_back(std::move(it->second.file));
+    fd_lru_.erase(it->second.lru);
+    it = fds_.erase(it);
+  }
+}
+
+size_t ChunkStore::cached_files() const {
+  std::lock_guard<std::mutex> g(fd_mu_);
+  return fds_.size();
+}
 
 Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint32_t offset,
                                    std::span<const uint8_t> data) {
@@ -216,16 +378,17 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
   auto chunk_guard = chunk_locks_.lock({ino.value, chunk_index});
 
   bool created = false;
-  auto opened = open_chunk(*target_, ino, chunk_index, O_RDWR);
-  if (!opened.has_value() && opened.error().code() == Code::kNotFound) {
-    opened = create_chunk(*target_, ino, chunk_index, chunk_size);
+  auto file = acquire(ino, chunk_index);
+  if (!file.has_value() && file.error().code() == Code::kNotFound) {
+    file = create_chunk(*target_, ino, chunk_index, chunk_size);
     created = true;
   }
-  if (!opened.has_value()) return opened.error();
-  OpenChunk& c = *opened;
-  PENSTOCK_RETURN_IF_ERROR(check_chunk_size(c, ino, chunk_index, chunk_size));
+  if (!file.has_value()) return file.error();
   const std::string path = target_->chunk_path(ino, chunk_index);
-  const int fd = c.fd.get();
+  if (created) open_direct(**file, path);
+  PENSTOCK_ASSIGN_OR_RETURN(OpenChunk c, with_length(*target_, ino, chunk_index, *file));
+  PENSTOCK_RETURN_IF_ERROR(check_chunk_size(c, ino, chunk_index, chunk_size));
+  const int fd = c.fd();
 
   const uint64_t cur_len = c.length;
   const uint64_t off = offset;
@@ -255,7 +418,8 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
   for (size_t i = 0; i < old_blocks.size(); ++i) {
     uint64_t bstart = old_blocks[i] * kB;
     old_bytes[i].resize(old_end_of(old_blocks[i]) - bstart);
-    reads.push_back(IoOp::read(fd, c.header.data_offset + bstart, {std::span<uint8_t>(old_bytes[i])}));
+    // Partial blocks are few and small: read through the buffered descriptor, no alignment needed.
+    reads.push_back(IoOp::read(fd, c.header().data_offset + bstart, {std::span<uint8_t>(old_bytes[i])}));
   }
   Status st = run_io(reads, false);
   if (!st.is_ok()) return st.with_context("reading " + path);
@@ -300,29 +464,59 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
   }
 
   // Reserve the data blocks first: ENOSPC arrives here, before any byte of the chunk changed.
-  const uint64_t alloc_start = c.header.data_offset + off / kB * kB;
-  const uint64_t alloc_end = c.header.data_offset + (end + kB - 1) / kB * kB;
+  const uint64_t alloc_start = c.header().data_offset + off / kB * kB;
+  const uint64_t alloc_end = c.header().data_offset + (end + kB - 1) / kB * kB;
   st = reserve(fd, FALLOC_FL_KEEP_SIZE, alloc_start, alloc_end - alloc_start, "reserving space in " + path);
   if (!st.is_ok()) {
     // Give back what a partial reservation took past the end of the file (KEEP_SIZE leaves the
     // file's bytes as they were; this only returns blocks no byte of the chunk lives in).
-    uint64_t file_end = (c.header.data_offset + cur_len + kB - 1) / kB * kB;
+    uint64_t file_end = (c.header().data_offset + cur_len + kB - 1) / kB * kB;
     uint64_t from = std::max(alloc_start, file_end);
     if (alloc_end > from) {
       (void)::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from),
                         static_cast<off_t>(alloc_end - from));
     }
-    if (created) ::unlink(path.c_str());
+    if (created) {
+      forget(ino, chunk_index);
+      ::unlink(path.c_str());
+    }
     return st.with_context("write to " + chunk_name(ino, chunk_index) + " on " + target_->path());
   }
 
-  // Table before data, linked in one submit: until the data lands the old bytes match `previous`.
-  IoOp ops[2] = {
-      IoOp::write(fd, c.header.table_offset + first_b * kTableEntrySize, {std::span<const uint8_t>(new_table)}),
-      IoOp::write(fd, c.header.data_offset + off, {data}),
-  };
-  st = run_io(ops, true);
+  const IoOp table_write =
+      IoOp::write(fd, c.header().table_offset + first_b * kTableEntrySize, {std::span<const uint8_t>(new_table)});
+  if (c.file->direct.get() < 0) {
+    // Table before data, linked in one submit: until the data lands the old bytes match `previous`.
+    IoOp ops[2] = {table_write, IoOp::write(fd, c.header().data_offset + off, {data})};
+    st = run_io(ops, true);
+  } else {
+    // O_DIRECT moves whole aligned blocks: the blocks [off, end) touches are assembled in the
+    // aligned buffer (old bytes kept, zeros in a gap) and written whole; only a partial block at the
+    // new end of the chunk goes through the buffered descriptor, so the file size stays exact.
+    const uint64_t a = round_down(off);
+    const uint64_t content_end = std::min(round_down(end - 1) + kB, new_len);
+    const uint64_t direct_end = std::max(a, round_down(content_end));
+    std::span<uint8_t> buf = t_bounce.get(content_end - a);
+    std::fill(buf.begin(), buf.end(), 0);
+    for (size_t i = 0; i < old_blocks.size(); ++i) {
+      const uint64_t bstart = old_blocks[i] * kB;
+      if (bstart < a) continue;  // an old partial last block before a gap: not rewritten
+      std::memcpy(buf.data() + (bstart - a), old_bytes[i].data(), old_bytes[i].size());
+    }
+    std::memcpy(buf.data() + (off - a), data.data(), data.size());
+    std::vector<IoOp> ops{table_write};
+    if (direct_end > a) {
+      ops.push_back(IoOp::write(c.file->direct.get(), c.header().data_offset + a,
+                                {std::span<const uint8_t>(buf.data(), direct_end - a)}));
+    }
+    if (content_end > direct_end) {
+      ops.push_back(IoOp::write(fd, c.header().data_offset + direct_end,
+                                {std::span<const uint8_t>(buf.data() + (direct_end - a), content_end - direct_end)}));
+    }
+    st = run_io(ops, true);
+  }
   if (!st.is_ok()) return st.with_context("writing " + path);
+  if (created) remember(ino, chunk_index, std::move(c.file));
   return new_len;
 }
 
@@ -335,12 +529,12 @@ Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t ch
   }
   auto inode_guard = inode_locks_.lock_shared(ino.value);
   auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
-  auto opened = open_chunk(*target_, ino, chunk_index, O_RDONLY);
-  if (!opened.has_value()) {
-    if (opened.error().code() == Code::kNotFound) return 0u;
-    return opened.error();
+  auto file = acquire(ino, chunk_index);
+  if (!file.has_value()) {
+    if (file.error().code() == Code::kNotFound) return 0u;
+    return file.error();
   }
-  OpenChunk& c = *opened;
+  PENSTOCK_ASSIGN_OR_RETURN(OpenChunk c, with_length(*target_, ino, chunk_index, std::move(*file)));
   PENSTOCK_RETURN_IF_ERROR(check_chunk_size(c, ino, chunk_index, chunk_size));
   if (offset >= c.length || out.empty()) return 0u;
   const uint64_t off = offset;
@@ -350,16 +544,42 @@ Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t ch
   const uint64_t nb = last_b - first_b + 1;
   const uint64_t span_start = first_b * kB;
   const uint64_t span_end = std::min(last_b * kB + kB, c.length);
+  std::vector<uint8_t> table(nb * kTableEntrySize);
+  std::span<uint8_t> body = out.first(n);
+
+  if (c.file->direct.get() >= 0) {
+    // O_DIRECT: whole blocks into the aligned buffer, a partial last block of the chunk through the
+    // buffered descriptor (an aligned read would stop short at the end of the file), verify, copy.
+    const uint64_t direct_end = round_down(span_end);
+    std::span<uint8_t> span = t_bounce.get(span_end - span_start);
+    std::vector<IoOp> ops{table_read(c, first_b, &table)};
+    if (direct_end > span_start) {
+      ops.push_back(IoOp::read(c.file->direct.get(), c.header().data_offset + span_start,
+                               {span.first(direct_end - span_start)}));
+    }
+    if (span_end > direct_end) {
+      ops.push_back(IoOp::read(c.fd(), c.header().data_offset + direct_end, {span.subspan(direct_end - span_start)}));
+    }
+    Status st = run_io(ops, false);
+    if (!st.is_ok()) return st.with_context("reading " + target_->chunk_path(ino, chunk_index));
+    for (uint64_t b = first_b; b <= last_b; ++b) {
+      const uint64_t bstart = b * kB;
+      const uint64_t bend = std::min(bstart + kB, c.length);
+      const uint64_t sum = checksum::xxh3(span.subspan(bstart - span_start, bend - bstart));
+      TableEntry e = decode_table_entry(table.data() + (b - first_b) * kTableEntrySize);
+      if (match_slot(e, sum) == 0) return corrupt_block(*target_, ino, chunk_index, b);
+    }
+    std::memcpy(body.data(), span.data() + (off - span_start), n);
+    return static_cast<uint32_t>(n);
+  }
 
   // The caller's buffer receives its bytes directly; only the parts of the first and last block
   // outside it land in small side buffers (needed to verify those blocks).
   std::vector<uint8_t> head(off - span_start);
   std::vector<uint8_t> tail(span_end - (off + n));
-  std::vector<uint8_t> table(nb * kTableEntrySize);
-  std::span<uint8_t> body = out.first(n);
   IoOp ops[2] = {
       table_read(c, first_b, &table),
-      IoOp::read(c.fd.get(), c.header.data_offset + span_start, {std::span<uint8_t>(head), body, std::span<uint8_t>(tail)}),
+      IoOp::read(c.fd(), c.header().data_offset + span_start, {std::span<uint8_t>(head), body, std::span<uint8_t>(tail)}),
   };
   Status st = run_io(ops, false);
   if (!st.is_ok()) return st.with_context("reading " + target_->chunk_path(ino, chunk_index));
@@ -384,9 +604,9 @@ Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t ch
 
 Status ChunkStore::cut_chunk(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint64_t keep) {
   auto chunk_guard = chunk_locks_.lock({ino.value, chunk_index});
-  auto opened = open_chunk(*target_, ino, chunk_index, O_RDWR);
-  if (!opened.has_value()) return opened.error().code() == Code::kNotFound ? Status::ok() : opened.error();
-  OpenChunk& c = *opened;
+  auto file = acquire(ino, chunk_index);
+  if (!file.has_value()) return file.error().code() == Code::kNotFound ? Status::ok() : file.error();
+  PENSTOCK_ASSIGN_OR_RETURN(OpenChunk c, with_length(*target_, ino, chunk_index, std::move(*file)));
   PENSTOCK_RETURN_IF_ERROR(check_chunk_size(c, ino, chunk_index, chunk_size));
   if (keep >= c.length) return Status::ok();
   const std::string path = target_->chunk_path(ino, chunk_index);
@@ -398,7 +618,7 @@ Status ChunkStore::cut_chunk(InodeId ino, uint64_t chunk_index, uint32_t chunk_s
     std::vector<uint8_t> old(std::min(bstart + kB, c.length) - bstart);
     std::vector<uint8_t> table(kTableEntrySize);
     IoOp reads[2] = {table_read(c, b, &table),
-                     IoOp::read(c.fd.get(), c.header.data_offset + bstart, {std::span<uint8_t>(old)})};
+                     IoOp::read(c.fd(), c.header().data_offset + bstart, {std::span<uint8_t>(old)})};
     Status st = run_io(reads, false);
     if (!st.is_ok()) return st.with_context("reading " + path);
     TableEntry e = decode_table_entry(table.data());
@@ -406,11 +626,11 @@ Status ChunkStore::cut_chunk(InodeId ino, uint64_t chunk_index, uint32_t chunk_s
     if (match_slot(e, old_sum) == 0) return corrupt_block(*target_, ino, chunk_index, b);
     uint64_t new_sum = checksum::xxh3(std::span<const uint8_t>(old.data(), keep - bstart));
     encode_table_entry(TableEntry{new_sum, old_sum}, table.data());
-    IoOp w = IoOp::write(c.fd.get(), c.header.table_offset + b * kTableEntrySize, {std::span<const uint8_t>(table)});
+    IoOp w = IoOp::write(c.fd(), c.header().table_offset + b * kTableEntrySize, {std::span<const uint8_t>(table)});
     st = run_io(std::span<IoOp>(&w, 1), true);
     if (!st.is_ok()) return st.with_context("writing " + path);
   }
-  if (::ftruncate(c.fd.get(), static_cast<off_t>(c.header.data_offset + keep)) != 0) {
+  if (::ftruncate(c.fd(), static_cast<off_t>(c.header().data_offset + keep)) != 0) {
     return errno_error(errno, "cannot cut " + path);
   }
   return Status::ok();
@@ -424,6 +644,7 @@ Status ChunkStore::truncate(InodeId ino, uint64_t file_size, uint32_t chunk_size
   bool removed = false;
   for (uint64_t index : chunks) {
     if (index >= keep_count) {
+      forget(ino, index);  // no request of this inode runs: the inode lock is exclusive
       std::string path = target_->chunk_path(ino, index);
       if (::unlink(path.c_str()) != 0 && errno != ENOENT) return errno_error(errno, "cannot remove " + path);
       removed = true;
@@ -446,6 +667,7 @@ Status ChunkStore::truncate(InodeId ino, uint64_t file_size, uint32_t chunk_size
 Status ChunkStore::remove(InodeId ino) {
   if (!ino.valid()) return Status(Code::kInvalid, "inode 0 is not a file");
   auto inode_guard = inode_locks_.lock(ino.value);
+  forget_inode(ino);  // before the unlinks: a cached descriptor would keep a removed file alive
   std::string dir = target_->inode_dir(ino);
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) {
@@ -508,8 +730,66 @@ Status ChunkStore::sync(InodeId ino) {
 Result<uint64_t> ChunkStore::chunk_length(InodeId ino, uint64_t chunk_index) {
   auto inode_guard = inode_locks_.lock_shared(ino.value);
   auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
-  PENSTOCK_ASSIGN_OR_RETURN(OpenChunk c, open_chunk(*target_, ino, chunk_index, O_RDONLY));
+  PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file, acquire(ino, chunk_index));
+  PENSTOCK_ASSIGN_OR_RETURN(OpenChunk c, with_length(*target_, ino, chunk_index, std::move(file)));
   return c.length;
+}
+
+Result<ChunkStore::DropStats> ChunkStore::drop_caches() {
+  DropStats stats;
+  {
+    std::vector<std::shared_ptr<ChunkFile>> closing;  // closed after fd_mu_ is released
+    std::lock_guard<std::mutex> g(fd_mu_);
+    for (auto& [key, entry] : fds_) closing.push_back(std::move(entry.file));
+    stats.fds_closed = fds_.size();
+    fds_.clear();
+    fd_lru_.clear();
+  }
+  // The page cache: every chunk file under chunks/<bucket>/<inode>/. No chunk lock is needed:
+  // sync_file_range and DONTNEED never change a byte, and a file removed meanwhile is skipped.
+  const std::string chunks = target_->path() + "/chunks";
+  DIR* top = ::opendir(chunks.c_str());
+  if (top == nullptr) return errno_error(errno, "cannot list " + chunks);
+  std::vector<std::string> buckets;
+  while (dirent* e = ::readdir(top)) {
+    if (e->d_name[0] != '.') buckets.emplace_back(e->d_name);
+  }
+  ::closedir(top);
+  for (const std::string& bucket : buckets) {
+    const std::string bdir = chunks + "/" + bucket;
+    DIR* bd = ::opendir(bdir.c_str());
+    if (bd == nullptr) continue;  // not a directory, or gone
+    std::vector<std::string> inodes;
+    while (dirent* e = ::readdir(bd)) {
+      if (e->d_name[0] != '.') inodes.emplace_back(e->d_name);
+    }
+    ::closedir(bd);
+    for (const std::string& inode : inodes) {
+      const std::string idir = bdir + "/" + inode;
+      DIR* id = ::opendir(idir.c_str());
+      if (id == nullptr) continue;  // removed meanwhile
+      std::vector<std::string> files;
+      while (dirent* e = ::readdir(id)) {
+        if (e->d_name[0] != '.') files.emplace_back(e->d_name);
+      }
+      ::closedir(id);
+      for (const std::string& name : files) {
+        const std::string path = idir + "/" + name;
+        Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+        if (fd.get() < 0) continue;  // removed meanwhile
+        // Dirty pages are not dropped by DONTNEED: write them out first (data only, no journal).
+        if (::sync_file_range(fd.get(), 0, 0,
+                              SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0) {
+          return errno_error(errno, "cannot write back " + path + " before dropping its cache");
+        }
+        if (int rc = ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED); rc != 0) {
+          return errno_error(rc, "cannot drop the page cache of " + path);
+        }
+        ++stats.files;
+      }
+    }
+  }
+  return stats;
 }
 
 }  // namespace penstock::data

@@ -4,6 +4,19 @@
 // Disk I/O goes through run_io() (io_uring, one ring per calling thread). Writes first reserve the
 // byte range with fallocate, so a full disk gives kNoSpace before any byte of the chunk changes.
 //
+// Open chunk files are kept in a bounded LRU (ChunkStoreOptions::fd_cache entries, each one or two
+// descriptors), so a request costs no open/close. An entry is shared (shared_ptr) by the requests
+// using it: eviction or drop_caches() never closes a descriptor under a running request. Only this
+// store changes chunk files, so an entry stays valid until truncate/remove of its inode (which hold
+// the inode lock exclusively, so no request of that inode runs) drop it. The length is read with
+// fstat on every request; the header is verified once, when the file is opened.
+//
+// With ChunkStoreOptions::direct_io, chunk data moves with O_DIRECT through a 4 KiB-aligned
+// per-thread buffer (the header and checksum table stay buffered: they are small and not aligned);
+// the partial last block of a chunk goes through the buffered descriptor, because an O_DIRECT write
+// would round the file size up. A target whose file system refuses O_DIRECT (tmpfs) logs a warning
+// once and runs buffered.
+//
 // Thread-safety: every method may be called from any thread at once. Locks, in this order:
 //   inode lock   shared by write/read/sync of one inode, exclusive for truncate and remove
 //   chunk lock   shared by reads of one chunk, exclusive for a write or a cut of that chunk
@@ -12,8 +25,12 @@
 // disk I/O.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <list>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <utility>
 
@@ -24,9 +41,19 @@
 
 namespace penstock::data {
 
+struct ChunkStoreOptions {
+  // Open chunk files kept (LRU); 0 opens and closes the file on every request. Fixed at start.
+  size_t fd_cache = 1024;
+  // O_DIRECT for chunk data I/O (off: through the page cache). Fixed at start.
+  bool direct_io = false;
+};
+
 class ChunkStore {
  public:
-  explicit ChunkStore(std::shared_ptr<Target> target);
+  explicit ChunkStore(std::shared_ptr<Target> target, ChunkStoreOptions options = {});
+  ~ChunkStore();
+  ChunkStore(const ChunkStore&) = delete;
+  ChunkStore& operator=(const ChunkStore&) = delete;
 
   Target& target() { return *target_; }
   const Target& target() const { return *target_; }
@@ -63,6 +90,25 @@ class ChunkStore {
   // The length of a chunk, kNotFound when missing (tests and tools).
   Result<uint64_t> chunk_length(InodeId ino, uint64_t chunk_index);
 
+  struct DropStats {
+    uint64_t fds_closed = 0;  // open-file cache entries dropped
+    uint64_t files = 0;       // chunk files whose page cache was dropped
+  };
+  // Drops this target's caches: every open-file cache entry (descriptors in use by a running
+  // request close when it ends), then the page cache of every chunk file: dirty pages are written
+  // first (sync_file_range, no metadata flush), then POSIX_FADV_DONTNEED. Safe while I/O runs: no
+  // byte is lost or changed (the kernel never discards dirty pages for DONTNEED); pages a
+  // concurrent request touches may stay cached. Walks every chunk file: cost grows with the number
+  // of chunks. Errors: kIo naming the directory when the chunk tree cannot be listed.
+  Result<DropStats> drop_caches();
+
+  // Entries in the open-file cache (tests).
+  size_t cached_files() const;
+  // Whether data I/O really uses O_DIRECT (false when off or refused by the file system).
+  bool direct_io_active() const { return direct_.load(); }
+
+  struct ChunkFile;  // an open chunk file (chunk_store.cc)
+
  private:
   struct PairHash {
     size_t operator()(const std::pair<uint64_t, uint64_t>& p) const noexcept {
@@ -70,9 +116,35 @@ class ChunkStore {
     }
   };
 
+  using Key = std::pair<uint64_t, uint64_t>;  // (inode, chunk index)
+
   Status cut_chunk(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint64_t keep);
+  // The open file of a chunk: from the cache, else opened (and cached). kNotFound when missing.
+  // REQUIRES: the chunk's lock (either mode) and the inode lock held.
+  Result<std::shared_ptr<ChunkFile>> acquire(InodeId ino, uint64_t chunk_index);
+  // Caches a file just created. REQUIRES: the chunk lock held exclusively.
+  void remember(InodeId ino, uint64_t chunk_index, std::shared_ptr<ChunkFile> file);
+  // Drops one chunk's / every chunk's of `ino` cache entry. REQUIRES: the chunk lock exclusive /
+  // the inode lock exclusive (no request of theirs runs).
+  void forget(InodeId ino, uint64_t chunk_index);
+  void forget_inode(InodeId ino);
+  // Opens the O_DIRECT descriptor of `file` when direct I/O is on; turns it off (once, logged) when
+  // the file system refuses it.
+  void open_direct(ChunkFile& file, const std::string& path);
 
   std::shared_ptr<Target> target_;
+  const ChunkStoreOptions options_;
+  std::atomic<bool> direct_{false};
+  std::atomic<bool> direct_warned_{false};
+
+  struct FdEntry {
+    std::shared_ptr<ChunkFile> file;
+    std::list<Key>::iterator lru;
+  };
+  mutable std::mutex fd_mu_;  // leaf lock (taken under the inode and chunk locks, never the reverse)
+  std::map<Key, FdEntry> fds_;   // guarded by fd_mu_; ordered so an inode's chunks are one range
+  std::list<Key> fd_lru_;        // guarded by fd_mu_; most recent first
+
   LockTable<uint64_t> inode_locks_;                                  // first
   LockTable<std::pair<uint64_t, uint64_t>, PairHash> chunk_locks_;   // second
 };

@@ -53,7 +53,7 @@ Status DataServer::start() {
   for (const std::string& dir : options_.targets) {
     auto t = Target::open(dir);
     if (!t.has_value()) return t.error().with_context("opening target " + dir);
-    stores_.push_back(std::make_shared<ChunkStore>(std::shared_ptr<Target>(std::move(*t))));
+    stores_.push_back(std::make_shared<ChunkStore>(std::shared_ptr<Target>(std::move(*t)), options_.store));
   }
   PENSTOCK_ASSIGN_OR_RETURN(node_uuid_, load_node_uuid(stores_.front()->target().path()));
   if (!io_uring_active()) {
@@ -80,6 +80,14 @@ Status DataServer::start() {
   });
   server_->handle<pd::Sync>([this](const pd::SyncReq& req, rpc::RequestContext& ctx) {
     return to_empty(service_.sync(req, ctx.bulk_in()));
+  });
+  server_->handle<pd::DropCaches>([this](const pd::DropCachesReq& req, rpc::RequestContext& ctx) {
+    auto r = service_.drop_caches(req, ctx.bulk_in());
+    if (r.has_value()) {
+      PENSTOCK_LOG(Info) << "DropCaches: " << r->targets << " target(s), page cache of " << r->files
+                         << " chunk file(s) dropped, " << r->fds_closed << " cached descriptor(s) closed";
+    }
+    return r;
   });
   Status st = server_->start();
   if (!st.is_ok()) {

@@ -42,6 +42,7 @@ struct DataServerOptions {
   std::chrono::milliseconds meta_timeout{5000};  // per RegisterNode / NodeHeartbeat call
   // RDMA listener beside TCP, same host and port number: kAuto when this host has an RDMA device.
   rpc::RdmaMode rdma = rpc::RdmaMode::kAuto;
+  ChunkStoreOptions store;  // open-file cache size and O_DIRECT, for every target
 };
 
 class DataServer {

@@ -1,5 +1,8 @@
 // penstock-data: the data server daemon. Flags (or the same keys in a TOML file given with
 // --config) are listed by --help; none can change while the process runs.
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -17,6 +20,26 @@ int fail(const std::string& what) {
   return 1;
 }
 
+// Raises the open-file limit to its hard maximum and returns how many cached chunk files per
+// target fit in half of it (the rest stays for sockets, syncs and the other targets' churn).
+size_t fit_fd_cache(size_t wanted, size_t targets, bool direct_io) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return wanted;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+  }
+  if (rl.rlim_cur == RLIM_INFINITY) return wanted;
+  const size_t per_entry = direct_io ? 2 : 1;
+  const size_t fit = static_cast<size_t>(rl.rlim_cur) / 2 / per_entry / std::max<size_t>(1, targets);
+  if (wanted <= fit) return wanted;
+  PENSTOCK_LOG(Warn) << "--fd-cache " << wanted << " with " << targets << " target(s) would pass half the open-file "
+                     << "limit (" << rl.rlim_cur << "); using " << fit << ". Raise `ulimit -n` (LimitNOFILE= in "
+                     << "the systemd unit) to cache more";
+  return fit;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -30,6 +53,8 @@ int main(int argc, char** argv) {
   std::string level = "info";
   int heartbeat_ms = 2000;
   int workers = 8;
+  size_t fd_cache = 1024;
+  bool direct_io = false;
   app.set_config("--config", "", "TOML file with any of the options below (keys without the dashes, e.g. "
                                  "target = [\"/nvme0/penstock\"]); command-line flags win");
   app.add_option("--listen", listen,
@@ -48,6 +73,14 @@ int main(int argc, char** argv) {
   app.add_option("--workers", workers,
                  "threads running chunk requests, each with its own io_uring (default 8)")
       ->check(CLI::Range(1, 1024));
+  app.add_option("--fd-cache", fd_cache,
+                 "open chunk files kept per target (LRU), so requests skip open/close; 0 turns it off. "
+                 "Each costs one descriptor (two with --direct-io): keep it under the open-file limit "
+                 "(default 1024)")
+      ->check(CLI::Range(size_t{0}, size_t{1} << 20));
+  app.add_flag("--direct-io", direct_io,
+               "move chunk data with O_DIRECT, bypassing the page cache (default off; a target on a file "
+               "system without O_DIRECT, e.g. tmpfs, logs a warning and stays buffered)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -71,6 +104,8 @@ int main(int argc, char** argv) {
   options.targets = targets;
   options.heartbeat = std::chrono::milliseconds(heartbeat_ms);
   options.workers = workers;
+  options.store.fd_cache = fit_fd_cache(fd_cache, targets.size(), direct_io);
+  options.store.direct_io = direct_io;
 
   // Before any thread starts, so that every thread inherits the blocked signal mask.
   daemon::block_termination_signals();

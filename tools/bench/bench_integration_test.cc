@@ -186,15 +186,23 @@ TEST_F(BenchTest, CheckpointWriteRestoreAndCorruption) {
   RunOutput w = run({"ckpt-write", a_, "--size", "4M", "--ranks", "2", "--json"});
   ASSERT_EQ(0, w.status) << w.err;
   auto rows = parse_lines(w.out);
-  ASSERT_EQ(7u, rows.size()) << w.out;
+  ASSERT_EQ(8u, rows.size()) << w.out;
   EXPECT_EQ("ckpt-write", rows[0].at("workload"));
   EXPECT_EQ(a_, rows[0].at("dir"));
   EXPECT_GT(value_of(rows, "write_throughput"), 0);
   EXPECT_GT(value_of(rows, "seconds"), 0);
+  // Machine CPU per GiB: may round to 0 for a run this short (10 ms clock ticks), never negative.
+  EXPECT_GE(value_of(rows, "cpu_s_per_gib"), 0);
 
   RunOutput r = run({"ckpt-restore", a_, "--size", "4M", "--ranks", "2", "--json"});
   ASSERT_EQ(0, r.status) << r.err;
   EXPECT_GT(value_of(parse_lines(r.out), "read_throughput"), 0);
+  EXPECT_GE(value_of(parse_lines(r.out), "cpu_s_per_gib"), 0);
+  // The human table names the metric and says it is machine-wide.
+  RunOutput human = run({"ckpt-restore", a_, "--size", "4M", "--ranks", "2"});
+  ASSERT_EQ(0, human.status) << human.err;
+  EXPECT_NE(std::string::npos, human.out.find("CPU-s/GiB")) << human.out;
+  EXPECT_NE(std::string::npos, human.out.find("machine-wide")) << human.out;
 
   // Flip one byte of rank 1's shard: the restore must fail, naming the file and the offset.
   std::string shard;
@@ -224,11 +232,12 @@ TEST_F(BenchTest, CompareWritesMediansRatiosAndPlot) {
                      "--plot", svg});
   ASSERT_EQ(0, c.status) << c.err;
   auto rows = parse_lines(c.out);
-  ASSERT_EQ(14u, rows.size()) << c.out;  // 7 metrics x 2 dirs
+  ASSERT_EQ(16u, rows.size()) << c.out;  // 8 metrics x 2 dirs
   for (const auto& r : rows) {
     EXPECT_EQ("2", r.at("runs"));
     ASSERT_TRUE(r.count("ratio"));
-    if (r.at("dir") == a_ && r.at("metric") != "fits_5pct_budget") {
+    // (A 0 baseline gives ratio 0: a bool, and CPU that rounds to 0 ticks on a 1 MiB run.)
+    if (r.at("dir") == a_ && r.at("metric") != "fits_5pct_budget" && r.at("metric") != "cpu_s_per_gib") {
       EXPECT_EQ("1", r.at("ratio")) << r.at("metric");
     }
   }

@@ -210,5 +210,47 @@ TEST(MountTest, FindsTheDeepestMountHoldingAPath) {
   EXPECT_EQ("proc", mount_fstype("/proc"));
 }
 
+TEST(ProcStat, BusyTicksAddUserNiceSystemIrqSoftirqSteal) {
+  const std::string sample =
+      "cpu  10132153 290696 3084719 46828483 16683 0 25195 7 11 13\n"
+      "cpu0 1393280 32966 572056 13343292 6130 0 17875 0 0 0\n"
+      "intr 1462898 0 0\n"
+      "ctxt 1990473\n";
+  auto t = busy_ticks_from_proc_stat(sample);
+  ASSERT_TRUE(t.has_value()) << t.error().to_string();
+  // user 10132153 + nice 290696 + system 3084719 + irq 0 + softirq 25195 + steal 7; not idle,
+  // iowait, or guest (inside user already).
+  EXPECT_EQ(*t, 10132153u + 290696u + 3084719u + 0u + 25195u + 7u);
+  // Without steal (7 fields, old kernels) it still parses.
+  auto old = busy_ticks_from_proc_stat("cpu  1 2 3 4 5 6 7\n");
+  ASSERT_TRUE(old.has_value());
+  EXPECT_EQ(*old, 1u + 2u + 3u + 6u + 7u);
+  // The aggregate line is needed: per-CPU lines alone do not count.
+  EXPECT_FALSE(busy_ticks_from_proc_stat("cpu0 1 2 3 4 5 6 7 8\n").has_value());
+  EXPECT_FALSE(busy_ticks_from_proc_stat("cpu  1 2 x\n").has_value());
+  EXPECT_FALSE(busy_ticks_from_proc_stat("cpu  1 2 3\n").has_value());
+  EXPECT_FALSE(busy_ticks_from_proc_stat("").has_value());
+  // The live file parses and moves forward.
+  auto a = machine_busy_cpu_seconds();
+  ASSERT_TRUE(a.has_value()) << a.error().to_string();
+  // Busy-spin (this process's CPU counts) until a clock tick shows it, or give up after 5 s.
+  const double deadline = now_seconds() + 5;
+  double b = *a;
+  volatile uint64_t spin = 0;
+  while (b <= *a && now_seconds() < deadline) {
+    for (uint64_t i = 0; i < 1'000'000; ++i) spin = spin + i;
+    auto now = machine_busy_cpu_seconds();
+    ASSERT_TRUE(now.has_value());
+    b = *now;
+  }
+  EXPECT_GT(b, *a);
+}
+
+TEST(PenstockDetect, LocalDirectoryIsNotPenstock) {
+  EXPECT_FALSE(is_penstock_dir("/tmp"));
+  EXPECT_FALSE(is_penstock_dir("/proc"));
+  EXPECT_EQ(penstock_cache_drops(), 0);
+}
+
 }  // namespace
 }  // namespace penstock::bench

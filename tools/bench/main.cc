@@ -75,6 +75,11 @@ int run_single(const Workload& w, int argc, char** argv) {
                  dir.c_str(), r.error().to_string().c_str());
     return exit_code_for(r.error());
   }
+  if (const int drops = penstock_cache_drops(); drops > 0) {
+    r->notes.push_back("--drop-caches: Penstock caches dropped " + std::to_string(drops) +
+                       " time(s) (the mount's chunk cache and every data server's open files and page cache), "
+                       "besides the kernel page cache.");
+  }
   if (o.json) {
     print_json(stdout, w.name, dir, *r);
   } else {
@@ -154,6 +159,16 @@ int run_compare(int argc, char** argv) {
     print_compare_json(stdout, c);
   } else {
     print_compare_table(stdout, c);
+    for (const Metric& m : c.metrics) {
+      if (m.name == "cpu_s_per_gib") {
+        std::fprintf(stdout, "cpu_s_per_gib is machine-wide: busy CPU of every process on this host (bench ranks, "
+                             "and client and servers when the cluster is local) per GiB moved.\n");
+      }
+    }
+    if (penstock_cache_drops() > 0) {
+      std::fprintf(stdout, "--drop-caches: Penstock caches (mount chunk cache, data servers) dropped %d time(s).\n",
+                   penstock_cache_drops());
+    }
   }
   if (!plot.empty()) {
     std::ofstream out(plot);

@@ -6,8 +6,10 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -431,8 +433,51 @@ bool is_penstock_fstype(const std::string& fstype) {
   return fstype == "fuse.penstock" || fstype == "fuse.penstock-mount";
 }
 
+namespace {
+
+std::atomic<int> g_penstock_drops{0};
+
+// The names client/lib/layout_text.h serves on every inode of a mount (penstock-bench links only
+// common/base, so they are repeated here; the integration test checks they still work).
+constexpr const char* kPenstockLayoutXattr = "user.penstock.layout";
+constexpr const char* kPenstockDropCachesXattr = "user.penstock.drop_caches";
+
+}  // namespace
+
+bool is_penstock_dir(const std::string& dir) {
+  if (is_penstock_fstype(mount_fstype(dir))) return true;
+  // Mounted under another name (a bind mount, a renamed fstype): the virtual layout xattr answers
+  // only on Penstock. Reading never changes anything, whatever the file system.
+  char buf[256];
+  return ::getxattr(dir.c_str(), kPenstockLayoutXattr, buf, sizeof buf) >= 0;
+}
+
+Status drop_penstock_caches(const std::string& dir) {
+  if (::setxattr(dir.c_str(), kPenstockDropCachesXattr, "1", 1, 0) == 0) {
+    g_penstock_drops.fetch_add(1);
+    return Status::ok();
+  }
+  const int err = errno;
+  std::string advice;
+  if (err == EPERM || err == EACCES) {
+    advice = "only root or the user who mounted it may drop a Penstock mount's caches: run as that user";
+  } else if (err == ENOTSUP || err == EOPNOTSUPP) {
+    advice = "this penstock-mount predates user.penstock.drop_caches: upgrade and remount it";
+  } else {
+    advice = "the mount or a data server failed; see the penstock-mount log";
+  }
+  return make_error(Code::kIo, std::string("--drop-caches: dropping the Penstock caches of ") + dir + " (setxattr " +
+                                   kPenstockDropCachesXattr + ") failed: " + std::strerror(err) + "; " + advice +
+                                   ", or leave out --drop-caches");
+}
+
+int penstock_cache_drops() { return g_penstock_drops.load(); }
+
 Status drop_caches(const std::string& dir) {
   sync();
+  // Penstock first: the mount and the data servers drop theirs (servers write their dirty pages
+  // back first), then the kernel drops what is left, the mount's own page cache included.
+  if (is_penstock_dir(dir)) PENSTOCK_RETURN_IF_ERROR(drop_penstock_caches(dir));
   const int fd = ::open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
@@ -450,29 +495,48 @@ Status drop_caches(const std::string& dir) {
                       std::string("--drop-caches: writing 3 to /proc/sys/vm/drop_caches failed (") +
                           std::strerror(err) + "): run as root, or leave out --drop-caches");
   }
-  const std::string fstype = mount_fstype(dir);
-  if (is_penstock_fstype(fstype)) {
-    const char* cmd = std::getenv("PENSTOCK_DROP_CACHES_CMD");
-    if (cmd == nullptr || *cmd == '\0') {
-      static std::atomic<bool> warned{false};
-      if (!warned.exchange(true)) {
-        std::fprintf(stderr,
-                     "penstock-bench: warning: %s is a Penstock mount; only the kernel page cache was "
-                     "dropped. Set PENSTOCK_DROP_CACHES_CMD to a command that drops the data servers' "
-                     "caches too.\n",
-                     dir.c_str());
-      }
-    } else {
-      std::fflush(stdout);
-      const int rc = std::system(cmd);
-      if (rc != 0) {
-        return make_error(Code::kIo, std::string("--drop-caches: $PENSTOCK_DROP_CACHES_CMD '") + cmd +
-                                         "' failed with status " + std::to_string(rc) +
-                                         ": fix the command or unset it");
-      }
-    }
-  }
   return Status::ok();
+}
+
+Result<uint64_t> busy_ticks_from_proc_stat(std::string_view text) {
+  // The aggregate line: "cpu  user nice system idle iowait irq softirq steal guest guest_nice".
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string_view::npos) eol = text.size();
+    std::string_view line = text.substr(pos, eol - pos);
+    pos = eol + 1;
+    if (line.size() < 4 || line.substr(0, 4) != "cpu ") continue;
+    uint64_t f[8] = {};
+    size_t i = 3;
+    int got = 0;
+    while (got < 8) {
+      while (i < line.size() && line[i] == ' ') ++i;
+      if (i >= line.size()) break;
+      size_t j = i;
+      uint64_t v = 0;
+      while (j < line.size() && line[j] >= '0' && line[j] <= '9') v = v * 10 + static_cast<uint64_t>(line[j++] - '0');
+      if (j == i) return make_error(Code::kInvalid, "/proc/stat: the cpu line has a field that is not a number");
+      f[got++] = v;
+      i = j;
+    }
+    // Kernels since 2.6.11 have all eight; older ones lack steal (then 0).
+    if (got < 7) return make_error(Code::kInvalid, "/proc/stat: the cpu line has fewer than 7 fields");
+    // user + nice + system + irq + softirq + steal; idle and iowait are not busy, and guest time
+    // is already counted in user.
+    return f[0] + f[1] + f[2] + f[5] + f[6] + f[7];
+  }
+  return make_error(Code::kInvalid, "/proc/stat has no aggregate \"cpu \" line");
+}
+
+Result<double> machine_busy_cpu_seconds() {
+  std::ifstream in("/proc/stat");
+  if (!in) return make_error(Code::kIo, "cannot read /proc/stat");
+  std::stringstream text;
+  text << in.rdbuf();
+  PENSTOCK_ASSIGN_OR_RETURN(uint64_t ticks, busy_ticks_from_proc_stat(text.str()));
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  return static_cast<double>(ticks) / static_cast<double>(hz > 0 ? hz : 100);
 }
 
 std::string timestamp_name(const std::string& prefix) {

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -140,10 +141,32 @@ class ProcessGroup {
   std::vector<Child> children_;
 };
 
-// Before a read phase: sync, then write 3 to /proc/sys/vm/drop_caches (kPermission with advice
-// when not root), and when `dir` is on a Penstock FUSE mount also run $PENSTOCK_DROP_CACHES_CMD
-// through the shell (a warning on stderr when it is not set).
+// Before a read phase: sync; when `dir` is on a Penstock mount (is_penstock_dir), drop the mount's
+// chunk cache and every data server's caches (drop_penstock_caches); then write 3 to
+// /proc/sys/vm/drop_caches. kPermission with advice when not root; kIo with advice when the
+// Penstock drop fails.
 Status drop_caches(const std::string& dir);
+
+// Whether `dir` is on a Penstock mount: its mount's fstype (/proc/mounts) is fuse.penstock*, or
+// reading the virtual xattr user.penstock.layout of `dir` succeeds. Never writes anything.
+bool is_penstock_dir(const std::string& dir);
+
+// setxattr(dir, "user.penstock.drop_caches", "1"): the mount drops its chunk cache and asks every
+// data server to drop its caches. kIo saying what to do (EPERM: run as root or the mount's owner).
+// REQUIRES: is_penstock_dir(dir); never call it on another file system.
+Status drop_penstock_caches(const std::string& dir);
+
+// How many times drop_penstock_caches() succeeded in this process (for the report's notes).
+int penstock_cache_drops();
+
+// Busy CPU time of the whole machine in clock ticks, from the text of /proc/stat: user + nice +
+// system + irq + softirq + steal of the aggregate "cpu" line (idle and iowait are not busy; guest
+// time is inside user already). kInvalid when the line is missing or malformed.
+Result<uint64_t> busy_ticks_from_proc_stat(std::string_view text);
+
+// busy_ticks_from_proc_stat of /proc/stat now, in seconds (ticks / _SC_CLK_TCK). Machine-wide: every
+// process on this host counts. kIo / kInvalid when /proc/stat cannot be read or parsed.
+Result<double> machine_busy_cpu_seconds();
 
 // The file system type of the mount that holds `dir` according to /proc/mounts ("ext4",
 // "fuse.penstock", ...); empty when it cannot be told.

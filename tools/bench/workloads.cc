@@ -268,7 +268,39 @@ struct CkptStats {
   uint64_t bytes = 0;
   double seconds = 0;
   double slowest_rank_gbps = 0;
+  double cpu_seconds = -1;  // busy CPU of the whole machine over the burst; < 0 when unknown
 };
+
+// Busy CPU seconds of the machine between construction and elapsed() (/proc/stat); < 0 when
+// /proc/stat cannot be read.
+class CpuMeter {
+ public:
+  CpuMeter() : start_(machine_busy_cpu_seconds()) {}
+  double elapsed() const {
+    Result<double> now = machine_busy_cpu_seconds();
+    if (!start_.has_value() || !now.has_value()) return -1;
+    return std::max(0.0, *now - *start_);
+  }
+
+ private:
+  Result<double> start_;
+};
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// Adds cpu_s_per_gib (and its explanation) when the CPU time is known.
+void add_cpu_metric(const CkptStats& st, RunResult* r) {
+  if (st.cpu_seconds < 0 || st.bytes == 0) {
+    r->notes.push_back("cpu_s_per_gib is missing: /proc/stat could not be read.");
+    return;
+  }
+  r->metrics.push_back({"cpu_s_per_gib", st.cpu_seconds / (static_cast<double>(st.bytes) / kGiB), "CPU-s/GiB", true, true});
+  r->notes.push_back("cpu_s_per_gib is machine-wide: busy CPU time (user+nice+system+irq+softirq+steal, /proc/stat) "
+                     "of every process on this host during the transfer (the bench ranks, and the client and "
+                     "servers when the cluster is local), per GiB moved: " +
+                     format_number(st.cpu_seconds, 2) + " CPU-s for " +
+                     format_number(static_cast<double>(st.bytes) / kGiB, 2) + " GiB.");
+}
 
 CkptStats aggregate(const std::vector<RankReport>& reports) {
   CkptStats st;
@@ -334,8 +366,10 @@ class CkptBurst {
   // Starts every rank at once and waits for all of them (write, fsync, close).
   Result<CkptStats> go(const std::string& label) {
     progress_->start(label, static_cast<uint64_t>(ranks_) * size_);
+    CpuMeter cpu;
     Status s = group_.release();
     Result<std::vector<RankReport>> reports = s.is_ok() ? group_.finish() : Result<std::vector<RankReport>>(s);
+    const double cpu_seconds = cpu.elapsed();
     progress_->stop();
     if (!reports.has_value()) {
       (void)remove_tree(path_);
@@ -343,6 +377,7 @@ class CkptBurst {
     }
     CkptStats st = aggregate(*reports);
     st.path = path_;
+    st.cpu_seconds = cpu_seconds;
     std::ofstream marker(path_ + "/.complete");
     marker << "ranks=" << ranks_ << " size=" << size_ << "\n";
     marker.close();
@@ -398,12 +433,15 @@ Result<CkptStats> read_checkpoint(const RunContext& ctx, const Options& o, const
   }));
   PENSTOCK_RETURN_IF_ERROR(group.wait_barrier().status());
   progress->start(label, static_cast<uint64_t>(ranks) * size);
+  CpuMeter cpu;
   Status s = group.release();
   Result<std::vector<RankReport>> reports = s.is_ok() ? group.finish() : Result<std::vector<RankReport>>(s);
+  const double cpu_seconds = cpu.elapsed();
   progress->stop();
   if (!reports.has_value()) return reports.error();
   CkptStats st = aggregate(*reports);
   st.path = ckpt;
+  st.cpu_seconds = cpu_seconds;
   return st;
 }
 
@@ -623,6 +661,7 @@ Result<RunResult> run_ckpt_write(const RunContext& ctx, const Options& o) {
       {"share_of_interval", share, "%", false, true},
       {"fits_5pct_budget", fits ? 1.0 : 0.0, "bool", false},
   };
+  add_cpu_metric(st, &r);
   r.notes.push_back("A " + model_text(o.params) + "-parameter model is " + format_number(model_bytes / 1e12, 2) +
                     " TB at 14 bytes/parameter: at " + format_number(rate, 2) + " GB/s it checkpoints in " +
                     format_number(ckpt_s, 0) + " s (" + format_number(ckpt_s / 60, 1) + " min).");
@@ -657,6 +696,7 @@ Result<RunResult> run_ckpt_restore(const RunContext& ctx, const Options& o) {
       {"slowest_rank_throughput", st.slowest_rank_gbps, "GB/s"},
       {"model_restore_seconds", restore_s, "s", true, true},
   };
+  add_cpu_metric(st, &r);
   r.notes.push_back("Read and verified " + ckpt + ".");
   r.notes.push_back("A " + model_text(o.params) + "-parameter model (14 bytes/parameter) restores in " +
                     format_number(restore_s, 0) + " s at this rate.");
@@ -682,6 +722,7 @@ Result<RunResult> run_fanout(const RunContext& ctx, const Options& o) {
       {"seconds", st.seconds, "s", true, true},
       {"slowest_rank_throughput", st.slowest_rank_gbps, "GB/s"},
   };
+  add_cpu_metric(st, &r);
   r.notes.push_back("Every rank read and verified " + shard_path(ckpt, 0) + ".");
   return r;
 }
@@ -1203,8 +1244,9 @@ Status validate_none(const Options&) { return Status::ok(); }
 void add_common_flags(CLI::App& app, Options& o) {
   app.add_flag("--json", o.json, "print one JSON object per result line instead of the table");
   app.add_flag("--drop-caches", o.drop_caches,
-               "start every read phase cold: sync, write 3 to /proc/sys/vm/drop_caches (root), and on a Penstock "
-               "mount run $PENSTOCK_DROP_CACHES_CMD");
+               "start every read phase cold: sync; on a Penstock mount also drop the mount's chunk cache and "
+               "every data server's caches (setxattr user.penstock.drop_caches: root or the mount's owner); "
+               "then write 3 to /proc/sys/vm/drop_caches (root)");
 }
 
 const std::vector<Workload>& workloads() {

@@ -163,5 +163,52 @@ TEST(ChunkCache, InvalidatedBlockInFlightIsDetached) {
   after.block->complete(Status::ok());
 }
 
+TEST(ChunkCache, ClearDropsEverythingAndCountsBlocks) {
+  ChunkCache c(1 << 20);
+  auto a = c.get_or_start(kIno, 1, 0, 4096);
+  fill(a, 1);
+  auto b = c.get_or_start(kOther, 3, 8192, 4096);
+  fill(b, 2);
+  EXPECT_EQ(c.clear(), 2u);
+  CacheStats s = c.stats();
+  EXPECT_EQ(s.used_bytes, 0u);
+  EXPECT_EQ(s.blocks, 0u);
+  EXPECT_EQ(s.misses, 2u);  // counters survive a clear
+  // Blocks held by readers stay readable; the cache itself fetches again.
+  EXPECT_EQ(a.block->data()[0], 1);
+  auto again = c.get_or_start(kIno, 1, 0, 4096);
+  EXPECT_TRUE(again.fetch);
+  EXPECT_NE(again.block, a.block);
+  fill(again, 3);
+  EXPECT_EQ(c.find_ready(kIno, 1, 0), again.block);
+  EXPECT_EQ(c.clear(), 1u);
+  EXPECT_EQ(c.clear(), 0u);
+}
+
+TEST(ChunkCache, ClearDetachesABlockInFlight) {
+  ChunkCache c(1 << 20);
+  auto fetching = c.get_or_start(kIno, 1, 0, 4096);
+  ASSERT_TRUE(fetching.fetch);
+  auto waiter = c.get_or_start(kIno, 1, 0, 4096);
+  ASSERT_FALSE(waiter.fetch);
+  EXPECT_EQ(c.clear(), 1u);
+  // A lookup after the clear must not join the old fetch (it may carry pre-drop bytes).
+  auto after = c.get_or_start(kIno, 1, 0, 4096);
+  EXPECT_TRUE(after.fetch);
+  EXPECT_NE(after.block, fetching.block);
+  // The old fetch completes (successfully or not) without coming back into the cache.
+  fill(fetching, 9);
+  c.erase(kIno, fetching.block);  // what a failed fetch does: must not touch the new block
+  ASSERT_TRUE(waiter.block->wait().is_ok());
+  EXPECT_EQ(waiter.block->data()[10], 9);
+  EXPECT_EQ(c.find_ready(kIno, 1, 0), nullptr);  // `after` is still in flight
+  fill(after, 4);
+  auto ready = c.find_ready(kIno, 1, 0);
+  ASSERT_EQ(ready, after.block);
+  EXPECT_EQ(ready->data()[0], 4);
+  EXPECT_EQ(c.stats().blocks, 1u);
+  EXPECT_EQ(c.stats().used_bytes, 4096u);
+}
+
 }  // namespace
 }  // namespace penstock::client

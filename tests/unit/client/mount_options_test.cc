@@ -1,6 +1,12 @@
 #include "client/fuse/mount_options.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
 
 namespace penstock::fuse {
 namespace {
@@ -60,6 +66,67 @@ TEST(MountOptions, DataPathSizes) {
   EXPECT_EQ(*parse_byte_size("123"), 123u);
   EXPECT_FALSE(parse_byte_size("1P").has_value());
   EXPECT_FALSE(parse_byte_size("20000000T").has_value());
+}
+
+TEST(MountOptions, KernelReadahead) {
+  MountSettings s;
+  EXPECT_EQ(s.kernel_readahead, MountSettings::kDefaultKernelReadahead);
+  ASSERT_TRUE(apply_mount_options("kernel_readahead=16M", &s).is_ok());
+  EXPECT_EQ(s.kernel_readahead, 16ull << 20);
+  ASSERT_TRUE(apply_mount_options("kernel_readahead=0", &s).is_ok());
+  EXPECT_EQ(s.kernel_readahead, 0u);
+  ASSERT_TRUE(apply_mount_options("kernel_readahead=1G", &s).is_ok());
+  for (const char* bad : {"kernel_readahead=", "kernel_readahead=1000", "kernel_readahead=2G", "kernel_readahead=x"}) {
+    MountSettings t;
+    Status st = apply_mount_options(bad, &t);
+    EXPECT_EQ(st.code(), Code::kInvalid) << bad;
+    EXPECT_EQ(t.kernel_readahead, MountSettings::kDefaultKernelReadahead) << bad;
+  }
+  EXPECT_TRUE(check_kernel_readahead(4096, "x").is_ok());
+  EXPECT_EQ(check_kernel_readahead(1500, "--kernel-readahead").code(), Code::kInvalid);
+}
+
+TEST(MountOptions, FuseMountDevFromMountinfo) {
+  const std::string info =
+      "22 1 253:0 / / rw,relatime shared:1 - ext4 /dev/vda1 rw\n"
+      "43 22 0:40 / /tmp/mnt rw,nosuid,nodev,relatime - fuse.penstock penstock:127.0.0.1:7600 rw,user_id=0\n"
+      "44 22 0:41 / /tmp/with\\040space rw,relatime shared:7 master:2 - fuse.penstock penstock:x rw\n"
+      "45 22 0:42 / /tmp/notfuse rw - tmpfs tmpfs rw\n"
+      "46 43 0:47 / /tmp/mnt rw - fuse.penstock penstock:127.0.0.1:7700 rw\n";
+  auto a = fuse_mount_dev(info, "/tmp/mnt");
+  ASSERT_TRUE(a.has_value()) << a.error().to_string();
+  EXPECT_EQ(bdi_name(*a), "0:47");  // the mount on top wins
+  auto b = fuse_mount_dev(info, "/tmp/with space");
+  ASSERT_TRUE(b.has_value()) << b.error().to_string();
+  EXPECT_EQ(bdi_name(*b), "0:41");
+  EXPECT_EQ(fuse_mount_dev(info, "/tmp/notfuse").error().code(), Code::kNotFound);
+  EXPECT_EQ(fuse_mount_dev(info, "/tmp/none").error().code(), Code::kNotFound);
+  EXPECT_EQ(fuse_mount_dev("", "/").error().code(), Code::kNotFound);
+}
+
+TEST(MountOptions, SetBdiReadAheadWritesKiBAndReturnsTheOldValue) {
+  char tmpl[] = "/tmp/penstock-bdi-test.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl;
+  const dev_t dev = makedev(0, 57);
+  ASSERT_EQ(mkdir((root + "/0:57").c_str(), 0755), 0);
+  const std::string file = root + "/0:57/read_ahead_kb";
+  {
+    std::ofstream out(file);
+    out << "128\n";
+  }
+  auto old = set_bdi_read_ahead(root, dev, 4u << 20);
+  ASSERT_TRUE(old.has_value()) << old.error().to_string();
+  EXPECT_EQ(*old, 128u);
+  std::ifstream in(file);
+  std::string text;
+  std::getline(in, text);
+  EXPECT_EQ(text, "4096");
+  auto missing = set_bdi_read_ahead(root, makedev(0, 58), 1u << 20);
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_EQ(missing.error().code(), Code::kNotFound);
+  EXPECT_NE(missing.error().message().find("0:58/read_ahead_kb"), std::string::npos);
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace

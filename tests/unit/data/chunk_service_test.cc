@@ -93,5 +93,30 @@ TEST_F(ChunkServiceTest, ValidatesRequests) {
   EXPECT_EQ(service_.sync(pd::SyncReq{TargetId(7), InodeId(0)}, {}).code(), Code::kInvalid);
 }
 
+TEST_F(ChunkServiceTest, DropCachesCoversServedTargets) {
+  // Before registration nothing is served: nothing to drop, no error.
+  auto none = service_.drop_caches(pd::DropCachesReq{}, {});
+  ASSERT_TRUE(none.has_value()) << none.status().to_string();
+  EXPECT_EQ(none->targets, 0u);
+  serve();
+  auto d = pattern(5000, 3);
+  ASSERT_TRUE(service_.write(pd::WriteReq{key(), 0}, d).has_value());
+  auto all = service_.drop_caches(pd::DropCachesReq{}, {});
+  ASSERT_TRUE(all.has_value()) << all.status().to_string();
+  EXPECT_EQ(all->targets, 1u);
+  EXPECT_EQ(all->files, 1u);
+  EXPECT_EQ(all->fds_closed, 1u);  // the write left its chunk file open in the cache
+  auto named = service_.drop_caches(pd::DropCachesReq{{TargetId(7)}}, {});
+  ASSERT_TRUE(named.has_value());
+  EXPECT_EQ(named->fds_closed, 0u);
+  EXPECT_EQ(service_.drop_caches(pd::DropCachesReq{{TargetId(8)}}, {}).status().code(), Code::kNotFound);
+  std::vector<uint8_t> bulk{1};
+  EXPECT_EQ(service_.drop_caches(pd::DropCachesReq{}, bulk).status().code(), Code::kInvalid);
+  std::vector<uint8_t> out;
+  auto r = service_.read(pd::ReadReq{key(), 0, 5000}, {}, &out);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(out, d);
+}
+
 }  // namespace
 }  // namespace penstock::data

@@ -199,6 +199,9 @@ TEST(CodecTest, EveryDataMessageRoundTrips) {
   round_trip(data::TruncateReq{TargetId{2}, InodeId{3}, 12345, 1u << 16});
   round_trip(data::RemoveReq{TargetId{2}, InodeId{3}});
   round_trip(data::SyncReq{TargetId{2}, InodeId{3}});
+  round_trip(data::DropCachesReq{});
+  round_trip(data::DropCachesReq{{TargetId{2}, TargetId{9}}});
+  round_trip(data::DropCachesResp{3, 1000, 12});
 }
 
 TEST(CodecTest, EmptyMessage) {

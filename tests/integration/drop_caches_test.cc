@@ -1,0 +1,192 @@
+// Dropping caches on a real mount: setxattr user.penstock.drop_caches empties the mount's chunk
+// cache and makes every data server drop its open-file cache and the page cache of its chunk
+// files, without changing a byte; only root or the mount's owner may do it; and
+// `penstock-bench --drop-caches` on a Penstock mount uses it.
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/support/cluster.h"
+#include "tests/support/posix_util.h"
+
+namespace penstock::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kDropXattr = "user.penstock.drop_caches";
+
+bool local_only() {
+  const char* d = std::getenv("PENSTOCK_TEST_DIR");
+  return d != nullptr && *d != '\0';
+}
+
+// Pages of every chunk file under the cluster's targets (state/data*/chunks) that are in the page
+// cache, from mincore over a fresh read-only mapping (which itself loads nothing).
+::testing::AssertionResult cached_chunk_pages(const std::string& state, uint64_t* pages, uint64_t* files) {
+  *pages = 0;
+  *files = 0;
+  for (const auto& target : fs::directory_iterator(state)) {
+    if (target.path().filename().string().rfind("data", 0) != 0 || !fs::is_directory(target.path() / "chunks")) {
+      continue;
+    }
+    for (const auto& e : fs::recursive_directory_iterator(target.path() / "chunks")) {
+      if (!e.is_regular_file()) continue;
+      const std::string path = e.path().string();
+      UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (fd.get() < 0) return ::testing::AssertionFailure() << "open " << path << ": " << errno_name(errno);
+      struct stat st {};
+      if (::fstat(fd.get(), &st) != 0 || st.st_size == 0) continue;
+      const size_t len = static_cast<size_t>(st.st_size);
+      void* map = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd.get(), 0);
+      if (map == MAP_FAILED) return ::testing::AssertionFailure() << "mmap " << path << ": " << errno_name(errno);
+      std::vector<unsigned char> resident((len + 4095) / 4096);
+      const int rc = ::mincore(map, len, resident.data());
+      ::munmap(map, len);
+      if (rc != 0) return ::testing::AssertionFailure() << "mincore " << path << ": " << errno_name(errno);
+      for (unsigned char r : resident) *pages += r & 1;
+      ++*files;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The client cache blocks dropped in the mount log's last "caches dropped" line; -1 if none.
+long last_client_blocks_dropped(const std::string& log) {
+  std::regex re("caches dropped: ([0-9]+) client cache block");
+  long last = -1;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator(); ++it) {
+    last = std::stol((*it)[1].str());
+  }
+  return last;
+}
+
+class DropCachesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (local_only()) GTEST_SKIP() << "needs the Penstock binaries (PENSTOCK_TEST_DIR is set)";
+    ASSERT_TRUE(cluster_.up());
+  }
+  void TearDown() override {
+    if (cluster_.running()) {
+      EXPECT_TRUE(cluster_.down());
+    }
+  }
+  Cluster cluster_;
+};
+
+TEST_F(DropCachesTest, XattrDropsClientAndServerCachesAndKeepsData) {
+  const std::string file = cluster_.mount_path() + "/data.bin";
+  const std::string data = pattern(6u << 20, 0, 41);
+  ASSERT_TRUE(write_file(file, data));
+  std::string got;
+  ASSERT_TRUE(read_file(file, &got));  // sequential: fills the mount's chunk cache
+  ASSERT_TRUE(same_bytes(data, got));
+
+  uint64_t pages = 0, files = 0;
+  ASSERT_TRUE(cached_chunk_pages(cluster_.state_dir(), &pages, &files));
+  ASSERT_GT(files, 0u) << "no chunk files under " << cluster_.state_dir();
+  EXPECT_GT(pages, 0u) << "the chunk files were just written and read: some pages must be cached";
+
+  ASSERT_EQ(::setxattr(cluster_.mount_path().c_str(), kDropXattr, "1", 1, 0), 0) << errno_name(errno);
+
+  // Data servers: the page cache of every chunk file is empty (dirty pages were written first).
+  ASSERT_TRUE(cached_chunk_pages(cluster_.state_dir(), &pages, &files));
+  EXPECT_EQ(pages, 0u) << pages << " chunk-file pages still cached after DropCaches";
+  std::string data_logs;
+  for (int k = 1; k <= 3; ++k) data_logs += slurp(cluster_.state_dir() + "/logs/data" + std::to_string(k) + ".log");
+  EXPECT_NE(data_logs.find("DropCaches: 1 target(s)"), std::string::npos) << cluster_.log_tails();
+  // The mount: its chunk cache held the blocks read above.
+  const long blocks = last_client_blocks_dropped(slurp(cluster_.state_dir() + "/logs/mount1.log"));
+  EXPECT_GT(blocks, 0) << cluster_.log_tails();
+
+  // Nothing changed: the bytes read back the same, from the servers' disks now. The kernel's page
+  // cache of the mount is not the mount's to drop (penstock-bench writes /proc/sys/vm/drop_caches
+  // for that); drop this file's pages so the read reaches penstock-mount.
+  {
+    UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+    ASSERT_GE(fd.get(), 0) << errno_name(errno);
+    ASSERT_EQ(::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED), 0);
+  }
+  ASSERT_TRUE(read_file(file, &got));
+  EXPECT_TRUE(same_bytes(data, got));
+  // A second drop right away finds the blocks of that read.
+  ASSERT_EQ(::setxattr(file.c_str(), kDropXattr, "anything", 8, 0), 0) << errno_name(errno);
+  EXPECT_GT(last_client_blocks_dropped(slurp(cluster_.state_dir() + "/logs/mount1.log")), 0);
+}
+
+TEST_F(DropCachesTest, XattrIsVirtual) {
+  const std::string file = cluster_.mount_path() + "/f";
+  ASSERT_TRUE(write_file(file, "x"));
+  char buf[64];
+  EXPECT_EQ(::getxattr(file.c_str(), kDropXattr, buf, sizeof buf), -1);
+  EXPECT_EQ(errno, ENODATA) << errno_name(errno);
+  ASSERT_EQ(::setxattr(file.c_str(), kDropXattr, "1", 1, 0), 0) << errno_name(errno);
+  char list[1024];
+  const ssize_t n = ::listxattr(file.c_str(), list, sizeof list);
+  ASSERT_GE(n, 0) << errno_name(errno);
+  EXPECT_EQ(std::string(list, static_cast<size_t>(n)).find(kDropXattr), std::string::npos);
+  // Still nothing to read after the set: it was never stored.
+  EXPECT_EQ(::getxattr(file.c_str(), kDropXattr, buf, sizeof buf), -1);
+  EXPECT_EQ(errno, ENODATA) << errno_name(errno);
+}
+
+TEST_F(DropCachesTest, OnlyRootOrTheMountOwnerMayDrop) {
+  if (::geteuid() != 0) GTEST_SKIP() << "switching to another user needs root";
+  // A file the other user may write, so the kernel's own permission check lets the request
+  // through to penstock-mount, which must refuse it.
+  const std::string file = cluster_.mount_path() + "/open-to-all";
+  ASSERT_TRUE(write_file(file, "x"));
+  ASSERT_EQ(::chmod(file.c_str(), 0666), 0) << errno_name(errno);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
+    if (::setxattr(file.c_str(), kDropXattr, "1", 1, 0) == 0) ::_exit(11);
+    ::_exit(errno == EPERM ? 0 : 12);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "10: cannot become nobody, 11: drop allowed, 12: not EPERM";
+}
+
+TEST_F(DropCachesTest, BenchDropCachesOnAPenstockMount) {
+  if (::geteuid() != 0) GTEST_SKIP() << "--drop-caches writes /proc/sys/vm/drop_caches: needs root";
+  const std::string bench = build_dir() + "/tools/bench/penstock-bench";
+  if (!fs::exists(bench)) GTEST_SKIP() << bench << " is not built";
+  CommandResult r = run_command({bench, "ckpt-restore", cluster_.mount_path(), "--ranks", "2", "--size", "8M",
+                                 "--block", "1M", "--drop-caches"},
+                                120);
+  ASSERT_EQ(r.exit_code, 0) << r.output << cluster_.log_tails();
+  EXPECT_NE(r.output.find("Penstock caches dropped 1 time(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cpu_s_per_gib"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("machine-wide"), std::string::npos) << r.output;
+  EXPECT_GT(last_client_blocks_dropped(slurp(cluster_.state_dir() + "/logs/mount1.log")), -1);
+  std::string data_logs;
+  for (int k = 1; k <= 3; ++k) data_logs += slurp(cluster_.state_dir() + "/logs/data" + std::to_string(k) + ".log");
+  EXPECT_NE(data_logs.find("DropCaches:"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace penstock::testing
