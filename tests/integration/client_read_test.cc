@@ -8,16 +8,12 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "client/lib/client.h"
-#include "server/data/data_server.h"
-#include "server/meta/meta_server.h"
-#include "server/meta/namespace.h"
-#include "server/meta/store.h"
+#include "tests/support/inproc_cluster.h"
 
 namespace penstock {
 namespace {
@@ -25,16 +21,6 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr uint8_t kSentinel = 0xCC;
-
-std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
-  std::vector<uint8_t> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (size_t i = 0; i < n; ++i) {
-    x = x * 1103515245u + 12345u;
-    v[i] = static_cast<uint8_t>(x >> 24);
-  }
-  return v;
-}
 
 std::vector<uint8_t> concat(const client::ReadPieces& p) {
   std::vector<uint8_t> out;
@@ -53,48 +39,17 @@ bool none_in(const client::ReadPieces& p, const std::vector<uint8_t>& scratch) {
 class ClientReadTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/penstock-client-read.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    auto svc = meta::MetaService::open(&store_, meta::MetaOptions{});
-    ASSERT_TRUE(svc.has_value()) << svc.error().to_string();
-    service_ = std::move(svc).value();
-    rpc::ServerOptions so;
-    so.listen = net::Endpoint{"127.0.0.1", 0};
-    meta_ = std::make_unique<meta::MetaServer>(*service_, so);
-    Status st = meta_->start();
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
-    for (int i = 0; i < 3; ++i) {
-      data::DataServerOptions d;
-      d.listen = net::Endpoint{"127.0.0.1", 0};
-      d.meta = net::Endpoint{"127.0.0.1", meta_->port()};
-      d.targets = {dir_ + "/target" + std::to_string(i)};
-      d.heartbeat = 200ms;
-      d.workers = 2;
-      d.rdma = rpc::RdmaMode::kOff;
-      data_.push_back(std::make_unique<data::DataServer>(d));
-      st = data_.back()->start();
-      ASSERT_TRUE(st.is_ok()) << st.to_string();
-    }
-    for (auto& d : data_) ASSERT_TRUE(d->wait_registered(20s));
-    client::ClientOptions co;
-    co.meta_address = net::Endpoint{"127.0.0.1", meta_->port()}.to_string();
-    co.transport = net::TransportKind::kTcp;
-    co.call_timeout = 60s;
-    co.cache_size = 64ull << 20;
-    co.readahead_max = 4ull << 20;
-    auto c = client::Client::connect(co);
-    ASSERT_TRUE(c.has_value()) << c.error().to_string();
-    client_ = std::move(c).value();
+    testing::InProcessClusterOptions o;
+    o.temp_prefix = "penstock-client-read";
+    o.client.transport = net::TransportKind::kTcp;
+    o.client.call_timeout = 60s;
+    o.client.cache_size = 64ull << 20;
+    o.client.readahead_max = 4ull << 20;
+    ASSERT_TRUE(cluster_.start(o));
+    client_ = &cluster_.client();
   }
 
-  void TearDown() override {
-    client_.reset();
-    for (auto& d : data_) d->stop();
-    data_.clear();
-    if (meta_) meta_->stop();
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
-  }
+  void TearDown() override { cluster_.stop(); }
 
   // Creates `name` holding `data`, closed (size reported) and opened again: the attributes of that
   // open (size, generation) and its layout.
@@ -110,17 +65,13 @@ class ClientReadTest : public ::testing::Test {
     return opened.has_value() ? *opened : proto::InodeAttr{};
   }
 
-  meta::MemoryStore store_;
-  std::unique_ptr<meta::MetaService> service_;
-  std::unique_ptr<meta::MetaServer> meta_;
-  std::vector<std::unique_ptr<data::DataServer>> data_;
-  std::unique_ptr<client::Client> client_;
-  std::string dir_;
+  testing::InProcessCluster cluster_;
+  client::Client* client_ = nullptr;
 };
 
 TEST_F(ClientReadTest, SequentialCacheHitsAreServedFromPinnedBlocksWithoutCopy) {
   const size_t size = (3u << 20) + 12345;
-  const std::vector<uint8_t> data = pattern(size, 1);
+  const std::vector<uint8_t> data = testing::seeded_bytes(size, 1);
   const proto::InodeAttr a = make_file("seq", data);
   ASSERT_EQ(a.size, size);
   auto ctx = client_->make_read_context(a.generation);
@@ -155,7 +106,7 @@ TEST_F(ClientReadTest, SequentialCacheHitsAreServedFromPinnedBlocksWithoutCopy) 
 
 TEST_F(ClientReadTest, RandomMissesLandInScratchAndReadCopiesCachedPieces) {
   const size_t size = 8u << 20;
-  const std::vector<uint8_t> data = pattern(size, 2);
+  const std::vector<uint8_t> data = testing::seeded_bytes(size, 2);
   const proto::InodeAttr a = make_file("rand", data);
   auto ctx = client_->make_read_context(a.generation);
   std::vector<uint8_t> scratch(128u << 10, kSentinel);
@@ -190,7 +141,7 @@ TEST_F(ClientReadTest, RandomMissesLandInScratchAndReadCopiesCachedPieces) {
 
 TEST_F(ClientReadTest, PinnedPiecesOutliveInvalidationAndOwnWritesAreReadFirst) {
   const size_t size = 2u << 20;
-  const std::vector<uint8_t> data = pattern(size, 3);
+  const std::vector<uint8_t> data = testing::seeded_bytes(size, 3);
   const proto::InodeAttr a = make_file("pinned", data);
   auto ctx = client_->make_read_context(a.generation);
   std::vector<uint8_t> scratch(1u << 20, kSentinel);
@@ -202,7 +153,7 @@ TEST_F(ClientReadTest, PinnedPiecesOutliveInvalidationAndOwnWritesAreReadFirst) 
   // Our own write over the range: buffered (write-behind), invalidates the cached block. A read
   // drains it first and sees the new bytes; the pieces handed out before keep the old bytes alive
   // (under ASan a freed block would be a use-after-free here).
-  const std::vector<uint8_t> fresh = pattern(4096, 4);
+  const std::vector<uint8_t> fresh = testing::seeded_bytes(4096, 4);
   ASSERT_TRUE(client_->write(a.ino, a.layout, 8192, fresh).is_ok());
   client::ReadPieces now;
   std::vector<uint8_t> scratch2(16384, kSentinel);

@@ -8,17 +8,13 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "client/lib/client.h"
 #include "common/net/rdma/rdma_transport.h"
-#include "server/data/data_server.h"
-#include "server/meta/meta_server.h"
-#include "server/meta/namespace.h"
-#include "server/meta/store.h"
+#include "tests/support/inproc_cluster.h"
 
 namespace penstock {
 namespace {
@@ -30,16 +26,6 @@ std::string rdma_host() {
   return ip != nullptr && *ip != '\0' ? ip : "127.0.0.1";
 }
 
-std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
-  std::vector<uint8_t> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (size_t i = 0; i < n; ++i) {
-    x = x * 1103515245u + 12345u;
-    v[i] = static_cast<uint8_t>(x >> 24);
-  }
-  return v;
-}
-
 class RdmaClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -48,53 +34,21 @@ class RdmaClusterTest : public ::testing::Test {
       if (g != nullptr && std::string(g) == "1") FAIL() << "RDMAVM_GUEST=1 but no RDMA device";
       GTEST_SKIP() << "no RDMA device on this host (tests/rdma-vm/run runs this in a VM)";
     }
-    char tmpl[] = "/tmp/penstock-rdma-cluster.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    auto svc = meta::MetaService::open(&store_, meta::MetaOptions{});
-    ASSERT_TRUE(svc.has_value()) << svc.error().to_string();
-    service_ = std::move(svc).value();
-    rpc::ServerOptions so;
-    so.listen = net::Endpoint{rdma_host(), 0};
-    meta_ = std::make_unique<meta::MetaServer>(*service_, so);
-    Status st = meta_->start();
-    ASSERT_TRUE(st.is_ok()) << st.to_string();
-    for (int i = 0; i < 3; ++i) {
-      data::DataServerOptions d;
-      d.listen = net::Endpoint{rdma_host(), 0};
-      d.meta = net::Endpoint{rdma_host(), meta_->port()};
-      d.targets = {dir_ + "/target" + std::to_string(i)};
-      d.heartbeat = 200ms;
-      d.workers = 4;
-      d.rdma = rpc::RdmaMode::kOn;
-      data_.push_back(std::make_unique<data::DataServer>(d));
-      st = data_.back()->start();
-      ASSERT_TRUE(st.is_ok()) << st.to_string();
-    }
-    for (auto& d : data_) ASSERT_TRUE(d->wait_registered(20s));
-    client::ClientOptions co;
-    co.meta_address = net::Endpoint{rdma_host(), meta_->port()}.to_string();
-    co.transport = net::TransportKind::kRdma;
-    co.call_timeout = 60s;
-    auto c = client::Client::connect(co);
-    ASSERT_TRUE(c.has_value()) << c.error().to_string();
-    client_ = std::move(c).value();
+    testing::InProcessClusterOptions o;
+    o.host = rdma_host();
+    o.temp_prefix = "penstock-rdma-cluster";
+    o.data_workers = 4;
+    o.rdma = rpc::RdmaMode::kOn;
+    o.client.transport = net::TransportKind::kRdma;
+    o.client.call_timeout = 60s;
+    ASSERT_TRUE(cluster_.start(o));
+    client_ = &cluster_.client();
   }
 
-  void TearDown() override {
-    client_.reset();
-    for (auto& d : data_) d->stop();
-    data_.clear();
-    if (meta_) meta_->stop();
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
-  }
+  void TearDown() override { cluster_.stop(); }
 
-  meta::MemoryStore store_;
-  std::unique_ptr<meta::MetaService> service_;
-  std::unique_ptr<meta::MetaServer> meta_;
-  std::vector<std::unique_ptr<data::DataServer>> data_;
-  std::unique_ptr<client::Client> client_;
-  std::string dir_;
+  testing::InProcessCluster cluster_;
+  client::Client* client_ = nullptr;
 };
 
 TEST_F(RdmaClusterTest, FilesWrittenAndReadBackOverRdma) {
@@ -110,7 +64,7 @@ TEST_F(RdmaClusterTest, FilesWrittenAndReadBackOverRdma) {
     ASSERT_TRUE(attr.has_value()) << attr.error().to_string();
     auto layout = client_->get_layout(attr->ino);
     ASSERT_TRUE(layout.has_value()) << layout.error().to_string();
-    const std::vector<uint8_t> data = pattern(sizes[k], static_cast<uint32_t>(k));
+    const std::vector<uint8_t> data = testing::seeded_bytes(sizes[k], static_cast<uint32_t>(k));
     // Written in 1 MiB + 1 pieces so writes straddle chunk boundaries.
     for (size_t off = 0; off < data.size(); off += (1u << 20) + 1) {
       const size_t n = std::min<size_t>((1u << 20) + 1, data.size() - off);
@@ -140,7 +94,7 @@ TEST_F(RdmaClusterTest, FilesWrittenAndReadBackOverRdma) {
   ASSERT_TRUE(attr.has_value()) << attr.error().to_string();
   auto layout = client_->get_layout(attr->ino);
   ASSERT_TRUE(layout.has_value());
-  const std::vector<uint8_t> tail = pattern(1000, 99);
+  const std::vector<uint8_t> tail = testing::seeded_bytes(1000, 99);
   ASSERT_TRUE(client_->write(attr->ino, *layout, 9u << 20, tail).is_ok());
   std::vector<uint8_t> all((9u << 20) + 1000, 0xCC);
   auto got = client_->read(attr->ino, *layout, all.size(), 0, all);
