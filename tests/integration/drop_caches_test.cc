@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -73,10 +72,14 @@ std::string slurp(const std::string& path) {
 
 // The client cache blocks dropped in the mount log's last "caches dropped" line; -1 if none.
 long last_client_blocks_dropped(const std::string& log) {
-  std::regex re("caches dropped: ([0-9]+) client cache block");
+  const std::string prefix = "caches dropped: ";
+  const std::string suffix = " client cache block";
   long last = -1;
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator(); ++it) {
-    last = std::stol((*it)[1].str());
+  for (size_t at = log.find(prefix); at != std::string::npos; at = log.find(prefix, at + 1)) {
+    const size_t digits = at + prefix.size();
+    size_t end = digits;
+    while (end < log.size() && log[end] >= '0' && log[end] <= '9') ++end;
+    if (end > digits && log.compare(end, suffix.size(), suffix) == 0) last = std::stol(log.substr(digits, end - digits));
   }
   return last;
 }

@@ -97,6 +97,7 @@ TEST_F(RpcTest, ThousandConcurrentCallsFromEightThreadsAreMatched) {
   int done = 0;
   std::atomic<int> mismatches{0};
   std::atomic<int> errors{0};
+  std::string first_error;  // guarded by mu
   std::vector<std::atomic<int>> completions(kThreads * kPerThread);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
@@ -113,6 +114,7 @@ TEST_F(RpcTest, ThousandConcurrentCallsFromEightThreadsAreMatched) {
             mismatches.fetch_add(1);
           }
           std::lock_guard<std::mutex> lock(mu);
+          if (!r.has_value() && first_error.empty()) first_error = r.error().to_string();
           ++done;
           cv.notify_all();
         });
@@ -122,8 +124,8 @@ TEST_F(RpcTest, ThousandConcurrentCallsFromEightThreadsAreMatched) {
   for (auto& th : threads) th.join();
   std::unique_lock<std::mutex> lock(mu);
   ASSERT_TRUE(cv.wait_for(lock, 30s, [&] { return done == kThreads * kPerThread; })) << done;
+  EXPECT_EQ(errors.load(), 0) << "first: " << first_error;
   lock.unlock();
-  EXPECT_EQ(errors.load(), 0);
   EXPECT_EQ(mismatches.load(), 0);
   std::this_thread::sleep_for(50ms);  // a second completion would show up here
   for (auto& c : completions) EXPECT_EQ(c.load(), 1);
