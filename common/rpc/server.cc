@@ -81,11 +81,11 @@ struct Response {
   proto::FrameHeader h;
   std::array<uint8_t, proto::kFrameHeaderSize> header{};
   std::string message;
-  std::vector<uint8_t> bulk;
+  ByteBuffer bulk;
   bool close_after = false;  // the request was undecodable: close once the error is sent
 };
 
-Response make_response(const proto::FrameHeader& req, Result<std::string> result, std::vector<uint8_t> bulk) {
+Response make_response(const proto::FrameHeader& req, Result<std::string> result, ByteBuffer bulk) {
   Response r;
   proto::FrameHeader h;
   h.kind = proto::FrameKind::kResponse;
@@ -178,14 +178,14 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
  private:
   struct Incoming {
     proto::FrameHeader header;
-    std::vector<uint8_t> message;
-    std::vector<uint8_t> bulk;
+    ByteBuffer message;
+    ByteBuffer bulk;
   };
 
   static asio::awaitable<void> read_loop(std::shared_ptr<ServerConnection> self) { co_await self->read_frames(); }
 
   // Reads `n` bytes into `buf`, growing it as bytes arrive so a lying length costs no memory.
-  asio::awaitable<error_code> read_growing(std::vector<uint8_t>& buf, size_t n) {
+  asio::awaitable<error_code> read_growing(ByteBuffer& buf, size_t n) {
     buf.clear();
     error_code ec;
     while (buf.size() < n) {

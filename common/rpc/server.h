@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/base/bytes.h"
 #include "common/base/result.h"
 #include "common/net/endpoint.h"
 #include "common/proto/codec.h"
@@ -32,12 +33,12 @@ class RequestContext {
   // The request's bulk bytes (valid during the handler call).
   std::span<const uint8_t> bulk_in() const { return bulk_in_; }
   // Bytes to send as the response's bulk segment; the handler fills it (no copy is made after).
-  std::vector<uint8_t>& bulk_out() { return bulk_out_; }
+  ByteBuffer& bulk_out() { return bulk_out_; }
   const std::string& peer() const { return peer_; }
 
  private:
   std::span<const uint8_t> bulk_in_;
-  std::vector<uint8_t> bulk_out_;
+  ByteBuffer bulk_out_;
   std::string peer_;
 };
 

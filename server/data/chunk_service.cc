@@ -55,7 +55,7 @@ Result<proto::data::WriteResp> ChunkService::write(const proto::data::WriteReq& 
 }
 
 Result<proto::data::ReadResp> ChunkService::read(const proto::data::ReadReq& req, std::span<const uint8_t> bulk_in,
-                                                 std::vector<uint8_t>* bulk_out) {
+                                                 ByteBuffer* bulk_out) {
   PENSTOCK_ASSIGN_OR_RETURN(auto store, store_for(req.key.target));
   PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "Read"));
   PENSTOCK_RETURN_IF_ERROR(check_key(req.key, req.offset, req.length, "Read"));

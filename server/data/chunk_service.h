@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/base/bytes.h"
 #include "common/base/ids.h"
 #include "common/base/result.h"
 #include "common/proto/data_service.h"
@@ -36,7 +37,7 @@ class ChunkService {
   Result<proto::data::WriteResp> write(const proto::data::WriteReq& req, std::span<const uint8_t> bulk_in);
   // On success `bulk_out` holds exactly resp.length bytes.
   Result<proto::data::ReadResp> read(const proto::data::ReadReq& req, std::span<const uint8_t> bulk_in,
-                                     std::vector<uint8_t>* bulk_out);
+                                     ByteBuffer* bulk_out);
   Status truncate(const proto::data::TruncateReq& req, std::span<const uint8_t> bulk_in);
   Status remove(const proto::data::RemoveReq& req, std::span<const uint8_t> bulk_in);
   Status sync(const proto::data::SyncReq& req, std::span<const uint8_t> bulk_in);

@@ -59,7 +59,8 @@ inline Result<EchoResp> echo(const EchoReq& req, rpc::RequestContext& ctx) {
   if (req.echo_bulk) {
     ctx.bulk_out().assign(ctx.bulk_in().begin(), ctx.bulk_in().end());
   } else if (req.reply_bulk_len > 0) {
-    ctx.bulk_out() = pattern(req.reply_bulk_len);
+    const std::vector<uint8_t> bytes = pattern(req.reply_bulk_len);
+    ctx.bulk_out().assign(bytes.begin(), bytes.end());
   }
   return resp;
 }

@@ -72,7 +72,7 @@ struct Outgoing {
   proto::FrameHeader header;
   std::string message;
   BufferPool::Buffer staged;      // bulk in registered memory
-  std::vector<uint8_t> unstaged;  // bulk still to be staged (the pool was busy at reply time)
+  ByteBuffer unstaged;         // bulk still to be staged (the pool was busy at reply time)
   RemoteBuffer dest;              // the client's buffer for the bulk
   bool close_after = false;
 };
@@ -163,7 +163,7 @@ class RequestImpl : public RdmaRequest {
   }
   const std::string& peer() const override { return conn_->peer(); }
 
-  void reply(uint32_t status, std::string message, std::vector<uint8_t> bulk,
+  void reply(uint32_t status, std::string message, ByteBuffer bulk,
              bool close_after) override {
     if (replied_.exchange(true)) return;
     conn_->device()->pool->release(bulk_);  // the handler is done with the request bulk

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "common/base/bytes.h"
 #include "common/base/result.h"
 #include "common/net/endpoint.h"
 #include "common/net/transport.h"
@@ -86,7 +87,7 @@ class RdmaRequest {
   // buffer first), or an error code with its text as message and no bulk. close_after closes the
   // connection once it was sent. A response bulk larger than the client's buffer becomes a
   // kProtocol error response. Dropped silently when the connection is gone.
-  virtual void reply(uint32_t status, std::string message, std::vector<uint8_t> bulk,
+  virtual void reply(uint32_t status, std::string message, ByteBuffer bulk,
                      bool close_after) = 0;
 };
 

@@ -39,7 +39,7 @@ TEST_F(ChunkServiceTest, RefusesEverythingUntilTargetsAreServed) {
   EXPECT_TRUE(service_.write(pd::WriteReq{key(), 0}, d).has_value());
   auto other = key();
   other.target = TargetId(8);
-  std::vector<uint8_t> out;
+  ByteBuffer out;
   auto r = service_.read(pd::ReadReq{other, 0, 10}, {}, &out);
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(r.status().message(), "target 8 is not served here");
@@ -53,11 +53,11 @@ TEST_F(ChunkServiceTest, RoundTripFillsBulkOutExactly) {
   auto w = service_.write(pd::WriteReq{key(), 100}, d);
   ASSERT_TRUE(w.has_value()) << w.status().to_string();
   EXPECT_EQ(w->chunk_length, 5100u);
-  std::vector<uint8_t> out;
+  ByteBuffer out;
   auto r = service_.read(pd::ReadReq{key(), 100, 10000}, {}, &out);
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->length, 5000u);
-  EXPECT_EQ(out, d);
+  EXPECT_EQ(std::vector<uint8_t>(out.begin(), out.end()), d);
   ASSERT_TRUE(service_.sync(pd::SyncReq{TargetId(7), InodeId(55)}, {}).is_ok());
   ASSERT_TRUE(service_.truncate(pd::TruncateReq{TargetId(7), InodeId(55), 1000, 1u << 20}, {}).is_ok());
   r = service_.read(pd::ReadReq{key(), 0, 10000}, {}, &out);
@@ -74,7 +74,7 @@ TEST_F(ChunkServiceTest, RoundTripFillsBulkOutExactly) {
 TEST_F(ChunkServiceTest, ValidatesRequests) {
   serve();
   auto d = pattern(10, 3);
-  std::vector<uint8_t> out;
+  ByteBuffer out;
   EXPECT_EQ(service_.write(pd::WriteReq{key(), 0}, {}).status().code(), Code::kInvalid);  // no bytes
   EXPECT_EQ(service_.write(pd::WriteReq{key(1000), 0}, d).status().code(), Code::kInvalid);
   EXPECT_EQ(service_.write(pd::WriteReq{key(), (1u << 20) - 5}, d).status().code(), Code::kInvalid);
@@ -112,10 +112,10 @@ TEST_F(ChunkServiceTest, DropCachesCoversServedTargets) {
   EXPECT_EQ(service_.drop_caches(pd::DropCachesReq{{TargetId(8)}}, {}).status().code(), Code::kNotFound);
   std::vector<uint8_t> bulk{1};
   EXPECT_EQ(service_.drop_caches(pd::DropCachesReq{}, bulk).status().code(), Code::kInvalid);
-  std::vector<uint8_t> out;
+  ByteBuffer out;
   auto r = service_.read(pd::ReadReq{key(), 0, 5000}, {}, &out);
   ASSERT_TRUE(r.has_value());
-  EXPECT_EQ(out, d);
+  EXPECT_EQ(std::vector<uint8_t>(out.begin(), out.end()), d);
 }
 
 }  // namespace

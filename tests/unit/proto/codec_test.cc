@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/base/bytes.h"
 #include "common/proto/data_service.h"
 #include "common/proto/meta_service.h"
 #include "common/proto/types.h"
@@ -81,6 +82,22 @@ InodeAttr sample_attr(uint64_t ino) {
   a.layout.seed = 0xdeadbeef;
   a.layout.chains = {ChainId{1}, ChainId{2}, ChainId{UINT64_MAX}};
   return a;
+}
+
+// ByteBuffer (the RPC bulk buffers) is std::vector with default-initialized growth: what it holds
+// survives growth, and explicit values are still written.
+TEST(ByteBufferTest, KeepsBytesAcrossGrowthAndHonoursExplicitValues) {
+  ByteBuffer b;
+  b.assign({1, 2, 3});
+  b.resize(1u << 20);  // the new bytes are the caller's to fill
+  EXPECT_EQ(b[0], 1);
+  EXPECT_EQ(b[2], 3);
+  b.resize(3);
+  b.resize(10, 0xAB);
+  EXPECT_EQ(b[3], 0xAB);
+  EXPECT_EQ(b[9], 0xAB);
+  ByteBuffer zeros(5, 0);
+  EXPECT_EQ(std::vector<uint8_t>(zeros.begin(), zeros.end()), std::vector<uint8_t>(5, 0));
 }
 
 TEST(CodecTest, ScalarsStringsAndIdsRoundTrip) {
