@@ -336,6 +336,7 @@ void reply_open_handle(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<FileH
   FileHandle* raw = fh.release();
   fi->fh = reinterpret_cast<uint64_t>(raw);
   fi->keep_cache = (kKeepCacheWhenUnchanged && raw->keep_cache) ? 1 : 0;
+  fi->direct_io = static_cast<MountState*>(fuse_req_userdata(req))->direct_io ? 1 : 0;
   const int rc = e != nullptr ? fuse_reply_create(req, e, fi) : fuse_reply_open(req, fi);
   if (rc != 0) {
     Status st = client_of(req).release(raw->ino);

@@ -16,6 +16,7 @@ namespace penstock::fuse {
 // What the ops reach through fuse_req_userdata(). REQUIRES: `client` outlives the session.
 struct MountState {
   client::Client* client = nullptr;
+  bool direct_io = false;  // FOPEN_DIRECT_IO on every open (MountSettings::direct_io)
 };
 
 // The operation table (static storage).

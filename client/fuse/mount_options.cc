@@ -92,6 +92,9 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
     } else if (key == "clone_fd") {
       PENSTOCK_RETURN_IF_ERROR(no_value());
       s->clone_fd = true;
+    } else if (key == "direct_io") {
+      PENSTOCK_RETURN_IF_ERROR(no_value());
+      s->direct_io = true;
     } else if (key == "foreground") {
       PENSTOCK_RETURN_IF_ERROR(no_value());
       s->foreground = true;
@@ -132,7 +135,7 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
       for (std::string_view known : kIgnored) ignored = ignored || key == known;
       if (!ignored) {
         return bad("unknown mount option '" + std::string(opt) +
-                   "' (penstock options: meta=, threads=, clone_fd, log_level=, log_file=, ro, transport=, "
+                   "' (penstock options: meta=, threads=, clone_fd, direct_io, log_level=, log_file=, ro, transport=, "
                    "cache_size=, readahead_max=, dirty_limit=, kernel_readahead=)");
       }
       if (key == "rw") s->read_only = false;
