@@ -33,9 +33,15 @@ using client::Client;
 // without asking us again, and never caches "no such name" (no negative dentries).
 constexpr double kEntryTimeout = 0.0;
 constexpr double kNegativeTimeout = 0.0;
-// Close-to-open and size authority at the meta server: attributes (above all the size another host
-// reported at close) are fetched again each time the kernel needs them.
-constexpr double kAttrTimeout = 0.0;
+// Attributes may be reused for one second, but only by inodes the kernel has already resolved:
+// every path lookup asks the meta server again (kEntryTimeout 0), and its reply refreshes the
+// attributes, so open() and stat() by path always see what another host did (close-to-open, size
+// authority at the meta server). What the timeout saves is the GETATTR of every permission check
+// on each directory of a path, of every fstat() and of each read near the end of a file: 6 of the
+// 12 FUSE requests of an open/read/close of a small file. The price: fstat() on a descriptor that
+// is already open, or a permission check on the current directory, may show another host's
+// change up to a second late (as with NFS's attribute cache).
+constexpr double kAttrTimeout = 1.0;
 // Close-to-open: the kernel keeps a file's page cache at open (keep_cache) only when the file's
 // generation (bumped by the meta server on every size/data report and truncate) and mtime are
 // those of this mount's previous open of it; otherwise the cache is dropped, so an open after

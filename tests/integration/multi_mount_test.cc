@@ -175,6 +175,32 @@ TEST_F(TwoMountsTest, NoNegativeCaching) {
   EXPECT_EQ(stat(b("late-dir").c_str(), &st), 0) << errno_name(errno);
 }
 
+// Attributes: a stat() by path on B sees A's change at once (every path lookup asks the meta
+// server); fstat() on a descriptor B already holds may reuse its attributes for at most the 1 s
+// attribute timeout, then sees the change too.
+TEST_F(TwoMountsTest, StatByPathIsFreshAndAnOpenDescriptorCatchesUpWithinASecond) {
+  ASSERT_TRUE(write_file(a("grow"), "0123456789"));
+  UniqueFd held(open(b("grow").c_str(), O_RDONLY));
+  ASSERT_TRUE(held.ok()) << errno_name(errno);
+  struct stat st {};
+  ASSERT_EQ(fstat(held.get(), &st), 0);
+  EXPECT_EQ(st.st_size, 10);
+  ASSERT_TRUE(write_file(a("grow"), std::string(25, 'x')));
+  // The held descriptor first (a path lookup would refresh the same inode's attributes).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  do {
+    ASSERT_EQ(fstat(held.get(), &st), 0);
+    if (st.st_size == 25) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  } while (std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(st.st_size, 25) << "fstat on B's open descriptor did not catch up within the timeout";
+  ASSERT_TRUE(write_file(a("grow"), std::string(40, 'y')));
+  ASSERT_EQ(chmod(a("grow").c_str(), 0600), 0);
+  ASSERT_EQ(stat(b("grow").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 40) << "stat by path on B did not see the size A reported at close";
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+}
+
 TEST_F(TwoMountsTest, CloseToOpenSeesDataAndSize) {
   ASSERT_EQ(mkdir(a("small").c_str(), 0755), 0);
   std::string v = "chunk_size=65536 stripe_count=3";
