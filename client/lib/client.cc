@@ -305,13 +305,41 @@ Result<meta::ReadDirResp> Client::readdir(InodeId ino, const std::string& after,
 
 Result<meta::StatFsResp> Client::statfs() { return meta_call<meta::StatFs>(proto::Empty{}); }
 
+namespace {
+constexpr std::string_view kCapsXattr = "security.capability";
+constexpr size_t kMaxNoCaps = 65536;  // entries remembered; the map is emptied when it is full
+}  // namespace
+
 Result<std::string> Client::getxattr(InodeId ino, const std::string& name) {
-  PENSTOCK_ASSIGN_OR_RETURN(auto resp, meta_call<meta::GetXattr>(meta::GetXattrReq{ino, name}));
+  const bool caps = name == kCapsXattr && options_.absent_xattr_ttl.count() > 0;
+  if (caps) {
+    std::lock_guard<std::mutex> lock(caps_mu_);
+    auto it = no_caps_.find(ino);
+    if (it != no_caps_.end() && std::chrono::steady_clock::now() < it->second) {
+      return Status(Code::kNoData, "inode " + ino.to_string() + " has no " + name);
+    }
+  }
+  auto r = meta_call<meta::GetXattr>(meta::GetXattrReq{ino, name});
+  if (caps && !r.has_value() && r.error().code() == Code::kNoData) {
+    std::lock_guard<std::mutex> lock(caps_mu_);
+    if (no_caps_.size() >= kMaxNoCaps) no_caps_.clear();
+    no_caps_[ino] = std::chrono::steady_clock::now() + options_.absent_xattr_ttl;
+  }
+  PENSTOCK_ASSIGN_OR_RETURN(auto resp, std::move(r));
   return std::move(resp.value);
 }
 
+void Client::forget_caps(InodeId ino, const std::string& name) {
+  if (name != kCapsXattr) return;
+  std::lock_guard<std::mutex> lock(caps_mu_);
+  no_caps_.erase(ino);
+}
+
 Status Client::setxattr(InodeId ino, const std::string& name, const std::string& value, uint32_t flags) {
-  return meta_call<meta::SetXattr>(meta::SetXattrReq{ino, name, value, flags}).status();
+  forget_caps(ino, name);
+  Status st = meta_call<meta::SetXattr>(meta::SetXattrReq{ino, name, value, flags}).status();
+  forget_caps(ino, name);  // also a lookup that raced the set
+  return st;
 }
 
 Result<std::vector<std::string>> Client::listxattr(InodeId ino) {

@@ -67,6 +67,8 @@ struct ClientOptions {
   uint64_t readahead_max = 64ull << 20;  // largest read-ahead window of one sequential stream
   uint64_t dirty_limit = 256ull << 20;   // write-behind bytes not yet on the data servers
   int worker_threads = 16;               // threads sending write-behind buffers and read-ahead
+  // How long "security.capability is absent" is remembered per inode (see getxattr); 0: never.
+  std::chrono::milliseconds absent_xattr_ttl{1000};
 };
 
 // Per open file handle read state: the generation the handle was opened at (cache key) and the
@@ -139,6 +141,10 @@ class Client {
   Result<proto::meta::ReadDirResp> readdir(InodeId ino, const std::string& after, uint32_t max_entries,
                                            bool plus);
   Result<proto::meta::StatFsResp> statfs();
+  // The kernel asks for "security.capability" before every write() (to drop file capabilities);
+  // that it is absent is remembered per inode for ClientOptions::absent_xattr_ttl, so a stream of
+  // writes costs one meta RPC per inode and ttl, not one per write. This client's own set/remove
+  // of it forgets the inode; another host's setcap is seen within the ttl (as attributes are).
   Result<std::string> getxattr(InodeId ino, const std::string& name);
   Status setxattr(InodeId ino, const std::string& name, const std::string& value, uint32_t flags);
   Result<std::vector<std::string>> listxattr(InodeId ino);
@@ -300,6 +306,11 @@ class Client {
   bool stop_ = false;
   std::thread heartbeat_;
   std::once_flag shutdown_once_;
+
+  // Inodes known to have no "security.capability", with when that knowledge expires.
+  std::mutex caps_mu_;  // leaf lock
+  std::unordered_map<InodeId, std::chrono::steady_clock::time_point> no_caps_;  // guarded by caps_mu_
+  void forget_caps(InodeId ino, const std::string& name);
 
   std::mutex rel_mu_;  // guards rel_queue_, rel_running_ and rel_stop_ (leaf lock)
   std::condition_variable rel_cv_;

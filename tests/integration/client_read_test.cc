@@ -2,14 +2,17 @@
 // store, three penstock-data servers, TCP on 127.0.0.1; no FUSE): Client::read_pieces hands cache
 // hits out as spans of the pinned cached blocks (no copy into the caller's scratch buffer), reads
 // that miss the cache land in the scratch buffer, and every semantic of Client::read holds (EOF
-// clipping, own buffered writes drained first, holes as zeros, generations).
+// clipping, own buffered writes drained first, holes as zeros, generations); and the remembered
+// absence of security.capability (asked before every write).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/lib/client.h"
@@ -168,6 +171,51 @@ TEST_F(ClientReadTest, PinnedPiecesOutliveInvalidationAndOwnWritesAreReadFirst) 
   held.clear();
   EXPECT_TRUE(held.pins.empty());
   EXPECT_TRUE(client_->release(a.ino).is_ok());
+}
+
+
+// security.capability, which the kernel asks for before every write(): its absence is remembered
+// for the ttl (a second host's setcap shows after it), this client's own set is seen at once, and
+// other names are never remembered.
+TEST(ClientXattrTest, CapabilityAbsenceIsRememberedForTheTtlOnly) {
+  testing::InProcessCluster cluster;
+  testing::InProcessClusterOptions o;
+  o.temp_prefix = "penstock-client-xattr";
+  o.client.transport = net::TransportKind::kTcp;
+  o.client.absent_xattr_ttl = std::chrono::milliseconds(300);
+  ASSERT_TRUE(cluster.start(o));
+  client::Client& c1 = cluster.client();
+  client::ClientOptions o2 = o.client;
+  o2.meta_address = cluster.meta_address();
+  auto c2 = client::Client::connect(o2);
+  ASSERT_TRUE(c2.has_value()) << c2.error().to_string();
+  const proto::Caller root{0, 0};
+  auto f = c1.create(InodeId{1}, "bin", S_IFREG | 0755, root);
+  ASSERT_TRUE(f.has_value()) << f.error().to_string();
+  const InodeId ino = f->ino;
+  const std::string caps = "security.capability";
+
+  EXPECT_EQ(c1.getxattr(ino, caps).status().code(), Code::kNoData);
+  ASSERT_TRUE((*c2)->setxattr(ino, caps, "v1", 0).is_ok());
+  EXPECT_EQ(c1.getxattr(ino, caps).status().code(), Code::kNoData) << "the absence was not remembered";
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  auto v = c1.getxattr(ino, caps);
+  ASSERT_TRUE(v.has_value()) << v.error().to_string();
+  EXPECT_EQ(*v, "v1");
+
+  ASSERT_TRUE(c1.removexattr(ino, caps).is_ok());
+  EXPECT_EQ(c1.getxattr(ino, caps).status().code(), Code::kNoData);
+  ASSERT_TRUE(c1.setxattr(ino, caps, "v2", 0).is_ok());
+  v = c1.getxattr(ino, caps);
+  ASSERT_TRUE(v.has_value()) << "own set hidden by the remembered absence: " << v.error().to_string();
+  EXPECT_EQ(*v, "v2");
+
+  EXPECT_EQ(c1.getxattr(ino, "user.tag").status().code(), Code::kNoData);
+  ASSERT_TRUE((*c2)->setxattr(ino, "user.tag", "t", 0).is_ok());
+  v = c1.getxattr(ino, "user.tag");
+  ASSERT_TRUE(v.has_value()) << "an ordinary xattr was cached: " << v.error().to_string();
+  EXPECT_EQ(*v, "t");
+  c2->reset();
 }
 
 }  // namespace

@@ -82,6 +82,7 @@ class InProcessCluster {
       if (!d->wait_registered(20s)) return ::testing::AssertionFailure() << "a data server did not register in 20 s";
     }
     o.client.meta_address = net::Endpoint{o.host, meta_->port()}.to_string();
+    meta_address_ = o.client.meta_address;
     auto c = client::Client::connect(o.client);
     if (!c.has_value()) return ::testing::AssertionFailure() << "client: " << c.error().to_string();
     client_ = std::move(c).value();
@@ -101,6 +102,8 @@ class InProcessCluster {
   // REQUIRES: start() succeeded.
   client::Client& client() { return *client_; }
   const std::string& dir() const { return dir_; }
+  // host:port of the meta server (for a second client).
+  const std::string& meta_address() const { return meta_address_; }
 
  private:
   meta::MemoryStore store_;
@@ -109,6 +112,7 @@ class InProcessCluster {
   std::vector<std::unique_ptr<data::DataServer>> data_;
   std::unique_ptr<client::Client> client_;
   std::string dir_;
+  std::string meta_address_;
 };
 
 }  // namespace penstock::testing
