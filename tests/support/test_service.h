@@ -11,8 +11,11 @@
 #include <thread>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "common/proto/codec.h"
 #include "common/proto/method.h"
+#include "common/rpc/client.h"
 #include "common/rpc/server.h"
 
 namespace penstock::test_service {
@@ -63,6 +66,16 @@ inline Result<EchoResp> echo(const EchoReq& req, rpc::RequestContext& ctx) {
     ctx.bulk_out().assign(bytes.begin(), bytes.end());
   }
   return resp;
+}
+
+// Fails the current test unless an Echo round trip through `client` works (a connection or server
+// survived what the test did to it).
+inline void expect_echo_works(rpc::RpcClient& client) {
+  EchoReq req;
+  req.text = "still alive";
+  auto r = client.call<Echo>(req);
+  ASSERT_TRUE(r.has_value()) << r.error().to_string();
+  EXPECT_EQ(r->text, "still alive");
 }
 
 inline void register_test_service(rpc::RpcServer& server) {

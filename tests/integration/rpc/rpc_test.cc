@@ -64,13 +64,7 @@ class RpcTest : public ::testing::Test {
     if (server_) server_->stop();
   }
 
-  void expect_echo_works() {
-    EchoReq req;
-    req.text = "still alive";
-    auto r = client_->call<Echo>(req);
-    ASSERT_TRUE(r.has_value()) << r.error().to_string();
-    EXPECT_EQ(r->text, "still alive");
-  }
+  void expect_echo_works() { test_service::expect_echo_works(*client_); }
 
   net::IoRuntime runtime_{2};  // destroyed last
   std::unique_ptr<rpc::RpcServer> server_;

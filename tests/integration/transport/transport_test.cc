@@ -125,11 +125,7 @@ class TransportTest : public ::testing::Test {
   net::Endpoint endpoint() const { return net::Endpoint{T::host(), port_}; }
 
   void expect_echo_works(rpc::RpcClient* client = nullptr) {
-    EchoReq req;
-    req.text = "still alive";
-    auto r = (client != nullptr ? client : client_.get())->template call<Echo>(req);
-    ASSERT_TRUE(r.has_value()) << r.error().to_string();
-    EXPECT_EQ(r->text, "still alive");
+    test_service::expect_echo_works(client != nullptr ? *client : *client_);
   }
 
   net::IoRuntime runtime_{2};  // destroyed last
