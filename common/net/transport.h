@@ -62,7 +62,8 @@ class IoRuntime {
   IoRuntime(const IoRuntime&) = delete;
   IoRuntime& operator=(const IoRuntime&) = delete;
 
-  // The asio::io_context (opaque here so that headers do not pull in Asio).
+  // An asio::io_context for a new connection (opaque here so that headers do not pull in Asio).
+  // Each I/O thread runs one context of its own; successive calls hand them out round-robin.
   void* native_context();
 
  private:

@@ -1,7 +1,7 @@
 // RpcServer over Boost.Asio.
 //
-// Threads: `io_threads` run the io_context (accept loop, per-connection read loops and writers);
-// handlers run on a separate pool of `worker_threads` because they may block on disk or RocksDB.
+// Threads: `io_threads` each run an io_context of their own (net::IoPool); the accept loop hands
+// each new connection to the next one, and its read loop and writer stay on that thread. Handlers run on a separate pool of `worker_threads` because they may block on disk or RocksDB.
 // Each connection's socket state lives on its own strand: the read loop (a coroutine), the response
 // queue and the writer. A worker posts its finished response back to the strand. A handler
 // registered with Dispatch::kInline runs in the read loop itself and queues its response directly.
@@ -29,7 +29,6 @@
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
-#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -42,6 +41,7 @@
 #include <boost/asio/write.hpp>
 
 #include "common/base/log.h"
+#include "common/net/io_pool.h"
 #include "common/net/rdma/rdma_transport.h"
 #include "common/proto/frame.h"
 
@@ -130,7 +130,8 @@ class ServerConnection;
 
 // Everything the server shares with its connections (RpcServer::Impl is this, by another name).
 struct ServerState {
-  explicit ServerState(ServerOptions o) : options(std::move(o)), accept_strand(asio::make_strand(io)), acceptor(accept_strand) {}
+  explicit ServerState(ServerOptions o)
+      : options(std::move(o)), pool(options.io_threads), accept_strand(asio::make_strand(pool.at(0))), acceptor(accept_strand) {}
 
   void remove(const std::shared_ptr<ServerConnection>& conn) {
     std::lock_guard<std::mutex> lock(mu);
@@ -143,12 +144,10 @@ struct ServerState {
 
   ServerOptions options;
   std::unordered_map<uint32_t, HandlerEntry> handlers;  // frozen by start()
-  asio::io_context io;
+  net::IoPool pool;  // the I/O threads, one context each; connections spread over them
   Strand accept_strand;
   tcp::acceptor acceptor;
-  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard;
   std::unique_ptr<asio::thread_pool> workers;
-  std::vector<std::thread> threads;
   uint16_t port = 0;
   std::unique_ptr<net::RdmaListener> rdma;  // set by start() when listening for RDMA
 
@@ -359,7 +358,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
 
 asio::awaitable<void> ServerState::accept_loop() {
   for (;;) {
-    Strand strand = asio::make_strand(io);
+    Strand strand = asio::make_strand(pool.next());
     tcp::socket socket(strand);
     error_code ec;
     co_await acceptor.async_accept(socket, asio::redirect_error(asio::use_awaitable, ec));
@@ -471,7 +470,7 @@ Status RpcServer::start() {
   if (!ec) {
     ep = tcp::endpoint(addr, s.options.listen.port);
   } else {
-    tcp::resolver resolver(s.io);
+    tcp::resolver resolver(s.pool.at(0));
     auto results = resolver.resolve(s.options.listen.host, std::to_string(s.options.listen.port), ec);
     if (ec || results.empty()) return fail("resolve", ec);
     ep = results.begin()->endpoint();
@@ -500,11 +499,8 @@ Status RpcServer::start() {
     std::lock_guard<std::mutex> lock(s.mu);
     s.started = true;
   }
-  s.guard.emplace(s.io.get_executor());
   asio::co_spawn(s.accept_strand, s.accept_loop(), asio::detached);
-  for (int i = 0; i < std::max(1, s.options.io_threads); ++i) {
-    s.threads.emplace_back([&s] { s.io.run(); });
-  }
+  s.pool.start();
   PENSTOCK_LOG(Info) << "RPC server listening on " << ep.address().to_string() << ":" << s.port;
   return Status::ok();
 }
@@ -533,9 +529,7 @@ void RpcServer::stop() {
   // Running handlers finish; their responses are dropped by the closed connections.
   s.workers->join();
   s.rdma.reset();
-  s.guard.reset();
-  for (auto& t : s.threads) t.join();
-  s.threads.clear();
+  s.pool.drain(std::chrono::seconds(5));
   std::lock_guard<std::mutex> lock(s.mu);
   s.conns.clear();
 }

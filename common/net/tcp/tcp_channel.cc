@@ -482,8 +482,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 class TcpChannel : public Channel {
  public:
-  TcpChannel(asio::io_context& io, Endpoint server, TcpOptions options)
-      : io_(io), server_(std::move(server)), options_(options) {
+  TcpChannel(IoRuntime& runtime, Endpoint server, TcpOptions options)
+      : runtime_(runtime), server_(std::move(server)), options_(options) {
     if (options_.connections < 1) options_.connections = 1;
     slots_.resize(static_cast<size_t>(options_.connections));
   }
@@ -500,7 +500,7 @@ class TcpChannel : public Channel {
       Status st(Code::kInvalid, "request to " + server_.to_string() + " is over the frame limits (message " +
                                     std::to_string(call.message.size()) + " bytes, bulk " +
                                     std::to_string(call.bulk_out.size()) + " bytes)");
-      asio::post(io_, [done = std::move(done), st = std::move(st)] { done(st); });
+      asio::post(context(), [done = std::move(done), st = std::move(st)] { done(st); });
       return;
     }
     const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
@@ -511,7 +511,7 @@ class TcpChannel : public Channel {
         auto& slot = slots_[next_slot_++ % slots_.size()];
         if (!slot || slot->is_closed()) {
           // A fresh connection accepts calls until it is started, so this cannot fail.
-          slot = std::make_shared<Connection>(io_, server_, options_);
+          slot = std::make_shared<Connection>(context(), server_, options_);
           bool ok = slot->submit(id, call, done);
           PENSTOCK_CHECK(ok);
           slot->start();
@@ -526,7 +526,10 @@ class TcpChannel : public Channel {
   std::string describe() const override { return "tcp " + server_.to_string(); }
 
  private:
-  asio::io_context& io_;
+  // Each connection lives on the context of one I/O thread; a channel's connections spread over them.
+  asio::io_context& context() { return *static_cast<asio::io_context*>(runtime_.native_context()); }
+
+  IoRuntime& runtime_;
   const Endpoint server_;
   TcpOptions options_;
   std::atomic<uint64_t> next_id_{1};
@@ -538,8 +541,7 @@ class TcpChannel : public Channel {
 }  // namespace
 
 std::shared_ptr<Channel> make_tcp_channel(IoRuntime& runtime, Endpoint server, TcpOptions options) {
-  auto* io = static_cast<asio::io_context*>(runtime.native_context());
-  return std::make_shared<TcpChannel>(*io, std::move(server), options);
+  return std::make_shared<TcpChannel>(runtime, std::move(server), options);
 }
 
 }  // namespace penstock::net
