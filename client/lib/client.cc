@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cstring>
 #include <ctime>
+#include <numeric>
 
 #include "client/lib/layout_text.h"
 #include "common/base/log.h"
+#include "common/checksum/checksum.h"
 
 namespace penstock::client {
 
@@ -581,6 +583,8 @@ uint32_t block_length(uint64_t bs, uint64_t block_off, uint64_t size) {
   return static_cast<uint32_t>(std::clamp<uint64_t>(pages, 4096, bs));
 }
 bool overlaps(uint64_t a, uint64_t a_end, uint64_t b, uint64_t b_end) { return a < b_end && b < a_end; }
+// Reads of a range whose bytes keep failing their checksums before the client reports kCorrupt.
+constexpr int kVerifiedReadAttempts = 3;
 
 }  // namespace
 
@@ -603,17 +607,60 @@ Status Client::read_ranges(InodeId ino, const proto::Layout& layout,
     tasks[i].what = "read chunk " + std::to_string(pieces[i].io.chunk_index) + " of inode " + ino.to_string();
   }
   std::vector<uint32_t> received(pieces.size(), 0);
-  Status st = fan_out(tasks, [&](size_t i, const Route& route, rpc::RpcClient& rpc, std::function<void(Status)> done) {
-    data::ReadReq req;
-    req.key = data::ChunkKey{route.chain, route.target, ino, pieces[i].io.chunk_index, layout.chunk_size};
-    req.offset = pieces[i].io.offset_in_chunk;
-    req.length = pieces[i].io.length;
-    rpc::CallOptions opts;
-    opts.bulk_in = pieces[i].dst;
-    opts.bulk_received = &received[i];
-    rpc.call_async<data::Read>(req, opts, [done = std::move(done)](Result<data::ReadResp> r) { done(r.status()); });
-  });
-  if (!st.is_ok()) return st;
+  // Checksums of a range the server sent unread (data_service.h): verified here, before use.
+  std::vector<std::vector<uint64_t>> sums(pieces.size());
+  std::vector<size_t> which(pieces.size());
+  std::iota(which.begin(), which.end(), size_t{0});
+  for (int attempt = 1;; ++attempt) {
+    std::vector<DataTask> batch(which.size());
+    for (size_t k = 0; k < which.size(); ++k) batch[k] = tasks[which[k]];
+    Status st = fan_out(batch, [&](size_t k, const Route& route, rpc::RpcClient& rpc, std::function<void(Status)> done) {
+      const size_t i = which[k];
+      data::ReadReq req;
+      req.key = data::ChunkKey{route.chain, route.target, ino, pieces[i].io.chunk_index, layout.chunk_size};
+      req.offset = pieces[i].io.offset_in_chunk;
+      req.length = pieces[i].io.length;
+      req.verify_at_client = true;
+      rpc::CallOptions opts;
+      opts.bulk_in = pieces[i].dst;
+      opts.bulk_received = &received[i];
+      rpc.call_async<data::Read>(req, opts, [done = std::move(done), out = &sums[i]](Result<data::ReadResp> r) {
+        if (r.has_value()) *out = std::move(r->block_sums);
+        done(r.status());
+      });
+    });
+    if (!st.is_ok()) return st;
+    // A block that fails may have been rewritten between the server taking its checksums and
+    // sending its bytes: read it again; damage on the server fails every time.
+    std::vector<size_t> bad;
+    int64_t bad_block = -1;
+    for (size_t i : which) {
+      if (sums[i].empty()) continue;  // the server verified it
+      const std::span<const uint8_t> got = pieces[i].dst.first(received[i]);
+      const uint64_t blocks = (got.size() + data::kChecksumBlock - 1) / data::kChecksumBlock;
+      if (sums[i].size() != 2 * blocks) {
+        return Status(Code::kProtocol, "data server sent " + std::to_string(sums[i].size()) + " checksums for " +
+                                           std::to_string(got.size()) + " bytes")
+            .with_context(tasks[i].what);
+      }
+      const int64_t b = checksum::first_bad_block(got, sums[i], data::kChecksumBlock);
+      if (b >= 0) {
+        if (bad.empty()) bad_block = b;
+        bad.push_back(i);
+      }
+    }
+    if (bad.empty()) break;
+    const std::string& what = tasks[bad.front()].what;
+    const uint64_t block = pieces[bad.front()].io.offset_in_chunk / data::kChecksumBlock + static_cast<uint64_t>(bad_block);
+    if (attempt == kVerifiedReadAttempts) {
+      return Status(Code::kCorrupt, "block " + std::to_string(block) + " fails its checksum in " +
+                                        std::to_string(attempt) + " reads (checked by the client); the chunk on " +
+                                        "the data server is damaged")
+          .with_context(what);
+    }
+    PENSTOCK_LOG(Info) << what << ": block " << block << " failed its checksum (a concurrent write?); reading it again";
+    which = std::move(bad);
+  }
   for (size_t i = 0; i < pieces.size(); ++i) {
     Status fill = zero_fill_tail(pieces[i].dst, received[i]);
     if (!fill.is_ok()) return fill.with_context(tasks[i].what);

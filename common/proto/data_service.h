@@ -25,9 +25,18 @@ struct WriteResp { uint64_t chunk_length = 0; PENSTOCK_FIELDS(chunk_length); };
 
 // Read up to `length` bytes at `offset`. The response's bulk holds the bytes the chunk has there
 // (fewer at the end of the chunk, none for a missing chunk: the caller reads holes as zeros).
-// kCorrupt when a block's checksum does not match: never wrong bytes.
-struct ReadReq { ChunkKey key; uint32_t offset = 0; uint32_t length = 0; PENSTOCK_FIELDS(key, offset, length); };
-struct ReadResp { uint32_t length = 0; PENSTOCK_FIELDS(length); };
+// The server verifies each kChecksumBlock block against its stored checksums and answers kCorrupt
+// on a mismatch, unless the request says `verify_at_client` and the server chooses to send the
+// bytes unread (straight from its page cache): then `block_sums` holds, for every block of the
+// range, the two checksums the block may match (XXH3 64 of its bytes: current, previous), and the
+// client must check them before it uses a byte. The server chooses so only for a range that
+// starts on a block and ends on a block or at the chunk's end. Empty `block_sums`: verified.
+inline constexpr uint32_t kChecksumBlock = 4096;
+struct ReadReq {
+  ChunkKey key; uint32_t offset = 0; uint32_t length = 0; bool verify_at_client = false;
+  PENSTOCK_FIELDS(key, offset, length, verify_at_client);
+};
+struct ReadResp { uint32_t length = 0; std::vector<uint64_t> block_sums; PENSTOCK_FIELDS(length, block_sums); };
 
 // Make the target's chunks of `ino` match a file of `size` bytes: chunks wholly past it are
 // removed, the chunk that holds the end is cut there.

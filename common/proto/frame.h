@@ -14,7 +14,7 @@
 namespace penstock::proto {
 
 inline constexpr uint32_t kFrameMagic = 0x4b534e50;  // "PNSK" little-endian
-inline constexpr uint8_t kFrameVersion = 1;
+inline constexpr uint8_t kFrameVersion = 2;  // 2: Read carries verify_at_client, block_sums
 inline constexpr size_t kFrameHeaderSize = 32;
 inline constexpr uint32_t kMaxMessageBytes = 16u << 20;  // encoded message
 inline constexpr uint32_t kMaxBulkBytes = 64u << 20;     // one chunk at most
@@ -27,7 +27,7 @@ struct FrameHeader {
   FrameKind kind = FrameKind::kRequest;
   ServiceId service = ServiceId::kMeta;
   uint16_t method = 0;
-  uint16_t flags = 0;      // reserved, must be 0 in version 1
+  uint16_t flags = 0;      // reserved, must be 0
   uint32_t status = 0;     // responses: a penstock::Code; requests: 0
   uint64_t request_id = 0; // chosen by the caller, echoed in the response
   uint32_t message_len = 0;

@@ -11,11 +11,17 @@
 // With ServerOptions::rdma, an RdmaListener (common/net/rdma) on the same host and port number
 // feeds the same handlers: dispatch_rdma() runs on its event thread and posts to the same workers;
 // a worker answers through RdmaRequest::reply().
+// A handler may return a file range as its bulk (RequestContext::send_file): handle_request stages
+// it in a pipe on the handler's thread and the writer splices the pipe into the socket after the
+// header and message, so the bytes never pass through user space (file_bulk.h).
 // Lock order: ServerState::mu is a leaf lock (never held while calling out).
 #include "common/rpc/server.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -82,10 +88,23 @@ struct Response {
   std::array<uint8_t, proto::kFrameHeaderSize> header{};
   std::string message;
   ByteBuffer bulk;
-  bool close_after = false;  // the request was undecodable: close once the error is sent
+  std::unique_ptr<Pipe> pipe;  // or the bulk is h.bulk_len bytes staged in this pipe (file_bulk.h)
+  bool close_after = false;    // the request was undecodable: close once the error is sent
 };
 
-Response make_response(const proto::FrameHeader& req, Result<std::string> result, ByteBuffer bulk) {
+// The response to `req`. Its bulk: `staged` when given (and the result is ok), else `bulk`.
+Response make_response(const proto::FrameHeader& req, Result<std::string> result, ByteBuffer bulk,
+                       StagedBulk* staged = nullptr) {
+  if (staged != nullptr) {
+    bulk = std::move(staged->memory);
+    if (result.has_value() && staged->pipe) {
+      Response r = make_response(req, std::move(result), {});
+      r.pipe = std::move(staged->pipe);
+      r.h.bulk_len = staged->bytes;
+      r.header = proto::encode_header(r.h);
+      return r;
+    }
+  }
   Response r;
   proto::FrameHeader h;
   h.kind = proto::FrameKind::kResponse;
@@ -148,6 +167,7 @@ struct ServerState {
   Strand accept_strand;
   tcp::acceptor acceptor;
   std::unique_ptr<asio::thread_pool> workers;
+  PipePool pipes;  // for responses whose bulk is a file range (file_bulk.h)
   uint16_t port = 0;
   std::unique_ptr<net::RdmaListener> rdma;  // set by start() when listening for RDMA
 
@@ -266,13 +286,21 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
     }
   }
 
-  // A worker thread, or the strand for an inline handler.
+  // A worker thread, or the strand for an inline handler. A file bulk is staged here, so a disk
+  // read it needs blocks this thread, not the connection's writer.
   Response handle_request(const HandlerEntry& entry, Incoming in) {
-    RequestContext ctx(in.bulk, peer_);
+    RequestContext ctx(in.bulk, peer_, /*can_send_file=*/true);
     Result<std::string> result = invoke(entry, in.message, ctx);
     if (!result.has_value() && result.error().code() == Code::kProtocol) {
       PENSTOCK_LOG(Warn) << "closing connection from " << peer_ << " after an undecodable " << entry.name
                          << " request: " << result.error().message();
+    }
+    if (result.has_value() && ctx.file_bulk().has_value()) {
+      Result<StagedBulk> staged = stage_file_bulk(*ctx.file_bulk(), server_->pipes);
+      if (!staged.has_value()) {
+        return make_response(in.header, std::move(staged).error().with_context(entry.name + " response"), {});
+      }
+      return make_response(in.header, std::move(result), {}, &*staged);
     }
     return make_response(in.header, std::move(result), std::move(ctx.bulk_out()));
   }
@@ -294,6 +322,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
       batch_.push_back(std::move(queue_.front()));
       queue_.pop_front();
       if (batch_.back().close_after) break;  // nothing after it will be sent
+      if (batch_.back().pipe) break;         // its bulk follows from the pipe (splice_out)
     }
     if (batch_.empty()) {
       writing_ = false;
@@ -312,6 +341,11 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   }
 
   void on_written(error_code ec) {
+    if (!ec && !closed_ && !batch_.empty() && batch_.back().pipe) {
+      pipe_left_ = batch_.back().h.bulk_len;
+      splice_out();
+      return;
+    }
     writing_ = false;
     const bool close_now = !batch_.empty() && batch_.back().close_after;
     batch_.clear();
@@ -326,6 +360,38 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
       return;
     }
     do_write();
+  }
+
+  // Moves the last batched response's staged bulk from its pipe into the socket (no copy), waiting
+  // for room in the socket when it is full; then carries on like any finished write.
+  void splice_out() {
+    Response& r = batch_.back();
+    while (pipe_left_ > 0) {
+      const ssize_t n = ::splice(r.pipe->read_fd(), nullptr, socket_.native_handle(), nullptr, pipe_left_,
+                                 SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+      if (n > 0) {
+        pipe_left_ -= static_cast<uint32_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) {
+        socket_.async_wait(tcp::socket::wait_write,
+                           asio::bind_executor(strand_, [self = shared_from_this()](error_code ec) {
+                             if (self->closed_) return;
+                             if (ec) {
+                               self->on_written(ec);
+                               return;
+                             }
+                             self->splice_out();
+                           }));
+        return;
+      }
+      // The pipe holds every byte announced, so only the socket can fail here.
+      on_written(n < 0 ? error_code(errno, boost::system::system_category()) : asio::error::eof);
+      return;
+    }
+    server_->pipes.give_back(std::move(r.pipe));  // drained: reusable
+    on_written(error_code());
   }
 
   void close() {
@@ -349,6 +415,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   bool closed_ = false;
   bool reader_waiting_ = false;
   bool writing_ = false;
+  uint32_t pipe_left_ = 0;  // bytes of batch_.back().pipe not yet in the socket
   uint32_t inflight_ = 0;
   uint64_t inflight_bytes_ = 0;
   std::deque<Response> queue_;

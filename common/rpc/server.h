@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,24 +23,35 @@
 #include "common/net/endpoint.h"
 #include "common/proto/codec.h"
 #include "common/proto/method.h"
+#include "common/rpc/file_bulk.h"
 
 namespace penstock::rpc {
 
 // Per-request context handed to a handler.
 class RequestContext {
  public:
-  RequestContext(std::span<const uint8_t> bulk_in, std::string peer)
-      : bulk_in_(bulk_in), peer_(std::move(peer)) {}
+  RequestContext(std::span<const uint8_t> bulk_in, std::string peer, bool can_send_file = false)
+      : bulk_in_(bulk_in), peer_(std::move(peer)), can_send_file_(can_send_file) {}
   // The request's bulk bytes (valid during the handler call).
   std::span<const uint8_t> bulk_in() const { return bulk_in_; }
   // Bytes to send as the response's bulk segment; the handler fills it (no copy is made after).
   ByteBuffer& bulk_out() { return bulk_out_; }
   const std::string& peer() const { return peer_; }
 
+  // Whether the response may carry a file range instead (TCP connections; RDMA replies carry
+  // bytes only).
+  bool can_send_file() const { return can_send_file_; }
+  // Makes a range of an open file the response's bulk (file_bulk.h: spliced, not copied). Used
+  // only when the handler succeeds. REQUIRES: can_send_file(), bulk_out() left empty.
+  void send_file(FileBulk f) { file_ = std::move(f); }
+  std::optional<FileBulk>& file_bulk() { return file_; }
+
  private:
   std::span<const uint8_t> bulk_in_;
   ByteBuffer bulk_out_;
   std::string peer_;
+  bool can_send_file_ = false;
+  std::optional<FileBulk> file_;
 };
 
 // Whether an RpcServer also listens for RDMA (common/net/rdma) beside TCP.

@@ -55,10 +55,19 @@ Result<proto::data::WriteResp> ChunkService::write(const proto::data::WriteReq& 
 }
 
 Result<proto::data::ReadResp> ChunkService::read(const proto::data::ReadReq& req, std::span<const uint8_t> bulk_in,
-                                                 ByteBuffer* bulk_out) {
+                                                 ByteBuffer* bulk_out, std::optional<ChunkStore::UnreadRange>* unread) {
   PENSTOCK_ASSIGN_OR_RETURN(auto store, store_for(req.key.target));
   PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "Read"));
   PENSTOCK_RETURN_IF_ERROR(check_key(req.key, req.offset, req.length, "Read"));
+  if (unread != nullptr && req.verify_at_client) {
+    PENSTOCK_ASSIGN_OR_RETURN(*unread, store->read_unverified(req.key.ino, req.key.chunk_index, req.key.chunk_size,
+                                                              req.offset, req.length));
+    if (unread->has_value()) {
+      proto::data::ReadResp resp{(*unread)->length, std::move((*unread)->block_sums)};
+      (*unread)->block_sums.clear();
+      return resp;
+    }
+  }
   bulk_out->resize(req.length);
   auto n = store->read(req.key.ino, req.key.chunk_index, req.key.chunk_size, req.offset, *bulk_out);
   if (!n.has_value()) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <shared_mutex>
 #include <span>
 #include <unordered_map>
@@ -35,9 +36,11 @@ class ChunkService {
   // (Write: the bulk is the data, at least one byte; others: no bulk at all), inode 0.
   // kNotFound for an unknown target; otherwise the ChunkStore's errors.
   Result<proto::data::WriteResp> write(const proto::data::WriteReq& req, std::span<const uint8_t> bulk_in);
-  // On success `bulk_out` holds exactly resp.length bytes.
+  // On success `bulk_out` holds exactly resp.length bytes. With `unread` (a caller that can send a
+  // file range) and req.verify_at_client, the store may leave the bytes unread instead: then
+  // `*unread` says where they are, bulk_out stays empty and resp.block_sums is filled.
   Result<proto::data::ReadResp> read(const proto::data::ReadReq& req, std::span<const uint8_t> bulk_in,
-                                     ByteBuffer* bulk_out);
+                                     ByteBuffer* bulk_out, std::optional<ChunkStore::UnreadRange>* unread = nullptr);
   Status truncate(const proto::data::TruncateReq& req, std::span<const uint8_t> bulk_in);
   Status remove(const proto::data::RemoveReq& req, std::span<const uint8_t> bulk_in);
   Status sync(const proto::data::SyncReq& req, std::span<const uint8_t> bulk_in);

@@ -2,15 +2,18 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/base/log.h"
@@ -23,6 +26,8 @@ namespace penstock::data {
 namespace {
 
 constexpr uint64_t kB = kBlockSize;
+// How long DropCaches waits for pages still referenced (by a reply in a socket) to be released.
+constexpr std::chrono::milliseconds kHeldPagesWait{1000};
 
 // Closes the descriptor it owns.
 class Fd {
@@ -49,6 +54,23 @@ class Fd {
 
 std::string chunk_name(InodeId ino, uint64_t index) {
   return "chunk " + std::to_string(ino.value) + "/" + std::to_string(index);
+}
+
+// Pages of the open file `fd` in the page cache (0 when that cannot be told).
+uint64_t cached_pages(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_size <= 0) return 0;
+  const size_t len = static_cast<size_t>(st.st_size);
+  void* map = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) return 0;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> vec((len + page - 1) / page);
+  uint64_t n = 0;
+  if (::mincore(map, len, vec.data()) == 0) {
+    for (unsigned char v : vec) n += v & 1;
+  }
+  ::munmap(map, len);
+  return n;
 }
 
 Status errno_error(int err, const std::string& what) {
@@ -520,23 +542,69 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
   return new_len;
 }
 
-Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint32_t offset,
-                                  std::span<uint8_t> out) {
+// The start of every read: checks the range and opens the chunk; an empty file (no ChunkFile) when
+// there is no chunk. REQUIRES: the caller holds the inode and chunk locks shared.
+Result<std::shared_ptr<ChunkFile>> ChunkStore::open_for_read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
+                                                             uint32_t offset, uint64_t length, uint64_t* chunk_length) {
   PENSTOCK_RETURN_IF_ERROR(validate_common(ino, chunk_size));
-  if (static_cast<uint64_t>(offset) + out.size() > chunk_size) {
-    return Status(Code::kInvalid, "read [" + std::to_string(offset) + ", +" + std::to_string(out.size()) +
+  if (static_cast<uint64_t>(offset) + length > chunk_size) {
+    return Status(Code::kInvalid, "read [" + std::to_string(offset) + ", +" + std::to_string(length) +
                                       ") does not fit a chunk of " + std::to_string(chunk_size) + " bytes");
   }
-  auto inode_guard = inode_locks_.lock_shared(ino.value);
-  auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
   auto file = acquire(ino, chunk_index);
   if (!file.has_value()) {
-    if (file.error().code() == Code::kNotFound) return 0u;
+    if (file.error().code() == Code::kNotFound) return std::shared_ptr<ChunkFile>();
     return file.error();
   }
   PENSTOCK_ASSIGN_OR_RETURN(OpenChunk c, with_length(*target_, ino, chunk_index, std::move(*file)));
   PENSTOCK_RETURN_IF_ERROR(check_chunk_size(c, ino, chunk_index, chunk_size));
-  if (offset >= c.length || out.empty()) return 0u;
+  *chunk_length = c.length;
+  return std::move(c.file);
+}
+
+Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(InodeId ino, uint64_t chunk_index,
+                                                                         uint32_t chunk_size, uint32_t offset,
+                                                                         uint32_t length) {
+  auto inode_guard = inode_locks_.lock_shared(ino.value);
+  auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
+  uint64_t chunk_len = 0;
+  PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file,
+                            open_for_read(ino, chunk_index, chunk_size, offset, length, &chunk_len));
+  UnreadRange r;
+  if (file == nullptr || offset >= chunk_len || length == 0) return std::optional<UnreadRange>(std::move(r));  // a hole
+  // The receiver can verify only whole blocks; O_DIRECT data is not in the page cache to send.
+  if (file->direct.get() >= 0 || offset % kB != 0) return std::optional<UnreadRange>();
+  const uint64_t n = std::min<uint64_t>(length, chunk_len - offset);
+  if ((offset + n) % kB != 0 && offset + n != chunk_len) return std::optional<UnreadRange>();
+  const OpenChunk c{file, chunk_len};
+  const uint64_t first_b = offset / kB;
+  const uint64_t nb = (n + kB - 1) / kB;
+  std::vector<uint8_t> table(nb * kTableEntrySize);
+  IoOp op = table_read(c, first_b, &table);
+  Status st = run_io(std::span<IoOp>(&op, 1), false);
+  if (!st.is_ok()) return st.with_context("reading the checksums of " + target_->chunk_path(ino, chunk_index));
+  r.block_sums.reserve(nb * 2);
+  for (uint64_t b = 0; b < nb; ++b) {
+    const TableEntry e = decode_table_entry(table.data() + b * kTableEntrySize);
+    r.block_sums.push_back(e.current);
+    r.block_sums.push_back(e.previous);
+  }
+  r.fd = c.fd();
+  r.file_offset = c.header().data_offset + offset;
+  r.length = static_cast<uint32_t>(n);
+  r.keep = std::move(file);
+  return std::optional<UnreadRange>(std::move(r));
+}
+
+Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint32_t offset,
+                                  std::span<uint8_t> out) {
+  auto inode_guard = inode_locks_.lock_shared(ino.value);
+  auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
+  uint64_t chunk_len = 0;
+  PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file,
+                            open_for_read(ino, chunk_index, chunk_size, offset, out.size(), &chunk_len));
+  if (file == nullptr || offset >= chunk_len || out.empty()) return 0u;
+  const OpenChunk c{std::move(file), chunk_len};
   const uint64_t off = offset;
   const uint64_t n = std::min<uint64_t>(out.size(), c.length - off);
   const uint64_t first_b = off / kB;
@@ -748,6 +816,7 @@ Result<ChunkStore::DropStats> ChunkStore::drop_caches() {
   // The page cache: every chunk file under chunks/<bucket>/<inode>/. No chunk lock is needed:
   // sync_file_range and DONTNEED never change a byte, and a file removed meanwhile is skipped.
   const std::string chunks = target_->path() + "/chunks";
+  std::vector<std::string> held;  // files with pages DONTNEED could not drop yet
   DIR* top = ::opendir(chunks.c_str());
   if (top == nullptr) return errno_error(errno, "cannot list " + chunks);
   std::vector<std::string> buckets;
@@ -786,8 +855,28 @@ Result<ChunkStore::DropStats> ChunkStore::drop_caches() {
           return errno_error(rc, "cannot drop the page cache of " + path);
         }
         ++stats.files;
+        if (cached_pages(fd.get()) > 0) held.push_back(path);
       }
     }
+  }
+  // DONTNEED skips pages something still references: a read sent a moment ago can hold its pages
+  // in a socket until the peer acknowledges them (spliced replies, file_bulk.h). Drop those again
+  // once released, for a bounded time.
+  const auto give_up = std::chrono::steady_clock::now() + kHeldPagesWait;
+  while (!held.empty() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::vector<std::string> still;
+    for (const std::string& path : held) {
+      Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+      if (fd.get() < 0) continue;
+      ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+      if (cached_pages(fd.get()) > 0) still.push_back(path);
+    }
+    held = std::move(still);
+  }
+  if (!held.empty()) {
+    PENSTOCK_LOG(Info) << "DropCaches: " << held.size() << " chunk file(s) of " << target_->path()
+                       << " keep pages in use after " << kHeldPagesWait.count() << " ms (I/O running?)";
   }
   return stats;
 }

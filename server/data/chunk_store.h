@@ -31,8 +31,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "common/base/ids.h"
 #include "common/base/result.h"
@@ -73,6 +75,22 @@ class ChunkStore {
   // from the stored one), kCorrupt (a checksum mismatch; `out` then holds no promise), kIo.
   Result<uint32_t> read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint32_t offset,
                         std::span<uint8_t> out);
+
+  // A range to send without reading it (rpc::FileBulk) for the receiver to verify.
+  struct UnreadRange {
+    std::shared_ptr<const void> keep;  // keeps `fd` open
+    int fd = -1;
+    uint64_t file_offset = 0;          // of the range's first byte in the chunk file
+    uint32_t length = 0;               // 0: a hole (no chunk, or the offset is at/after its end)
+    std::vector<uint64_t> block_sums;  // per block of the range: current, previous (chunk_format.h)
+  };
+  // Like read(), but neither reads nor verifies the bytes: returns where they are and the stored
+  // checksums of each block they cover. std::nullopt when the range must go through read()
+  // instead: O_DIRECT is on, or the range does not start on a block or end on one or at the end of
+  // the chunk. The bytes may change after this returns (a later write), so the receiver re-reads
+  // on a mismatch. Errors: those of read() except kCorrupt.
+  Result<std::optional<UnreadRange>> read_unverified(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
+                                                     uint32_t offset, uint32_t length);
 
   // Makes the chunks of `ino` match a file of `file_size` bytes: chunks wholly at/after it are
   // removed, the chunk that holds the end is cut there (its last block re-checksummed after being
@@ -122,6 +140,8 @@ class ChunkStore {
   // The open file of a chunk: from the cache, else opened (and cached). kNotFound when missing.
   // REQUIRES: the chunk's lock (either mode) and the inode lock held.
   Result<std::shared_ptr<ChunkFile>> acquire(InodeId ino, uint64_t chunk_index);
+  Result<std::shared_ptr<ChunkFile>> open_for_read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
+                                                   uint32_t offset, uint64_t length, uint64_t* chunk_length);
   // Caches a file just created. REQUIRES: the chunk lock held exclusively.
   void remember(InodeId ino, uint64_t chunk_index, std::shared_ptr<ChunkFile> file);
   // Drops one chunk's / every chunk's of `ino` cache entry. REQUIRES: the chunk lock exclusive /

@@ -69,8 +69,14 @@ Status DataServer::start() {
   server_->handle<pd::Write>([this](const pd::WriteReq& req, rpc::RequestContext& ctx) {
     return service_.write(req, ctx.bulk_in());
   });
-  server_->handle<pd::Read>([this](const pd::ReadReq& req, rpc::RequestContext& ctx) {
-    return service_.read(req, ctx.bulk_in(), &ctx.bulk_out());
+  server_->handle<pd::Read>([this](const pd::ReadReq& req, rpc::RequestContext& ctx) -> Result<pd::ReadResp> {
+    // Over TCP a verify_at_client read is spliced from the page cache (file_bulk.h), not copied.
+    std::optional<ChunkStore::UnreadRange> unread;
+    auto resp = service_.read(req, ctx.bulk_in(), &ctx.bulk_out(), ctx.can_send_file() ? &unread : nullptr);
+    if (resp.has_value() && unread.has_value() && unread->length > 0) {
+      ctx.send_file(rpc::FileBulk{std::move(unread->keep), unread->fd, unread->file_offset, unread->length});
+    }
+    return resp;
   });
   server_->handle<pd::Truncate>([this](const pd::TruncateReq& req, rpc::RequestContext& ctx) {
     return to_empty(service_.truncate(req, ctx.bulk_in()));

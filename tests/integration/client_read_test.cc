@@ -9,13 +9,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "client/lib/client.h"
+#include "server/data/chunk_format.h"
 #include "tests/support/inproc_cluster.h"
 
 namespace penstock {
@@ -170,6 +173,51 @@ TEST_F(ClientReadTest, PinnedPiecesOutliveInvalidationAndOwnWritesAreReadFirst) 
   EXPECT_TRUE(std::equal(old.begin(), old.end(), data.begin())) << "pinned bytes changed";
   held.clear();
   EXPECT_TRUE(held.pins.empty());
+  EXPECT_TRUE(client_->release(a.ino).is_ok());
+}
+
+// A data server sends block-aligned reads unread (spliced from its page cache) and the client
+// checks them against the block checksums it got with them; other reads the server verifies. A
+// byte damaged on disk is kCorrupt either way (the client names the block after its re-reads),
+// and the undamaged blocks around it still read.
+TEST_F(ClientReadTest, DamagedChunkIsCorruptWhoeverVerifies) {
+  const size_t size = 64u << 10;
+  const std::vector<uint8_t> data = testing::seeded_bytes(size, 7);
+  const proto::InodeAttr a = make_file("damaged", data);
+  std::string chunk;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(cluster_.dir())) {
+    if (e.is_regular_file() && e.path().filename() == "0" &&
+        e.path().parent_path().filename() == std::to_string(a.ino.value)) {
+      chunk = e.path().string();
+    }
+  }
+  ASSERT_FALSE(chunk.empty()) << "no chunk file of inode " << a.ino.value << " under " << cluster_.dir();
+  const uint64_t at = data::make_chunk_header(a.ino.value, 0, a.layout.chunk_size).data_offset + 2 * 4096 + 10;
+  {
+    std::FILE* f = std::fopen(chunk.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fseek(f, static_cast<long>(at), SEEK_SET), 0);
+    const int c = std::fgetc(f);
+    ASSERT_EQ(std::fseek(f, static_cast<long>(at), SEEK_SET), 0);
+    std::fputc(c ^ 0x5a, f);
+    std::fclose(f);
+  }
+  std::vector<uint8_t> buf(size);
+  auto aligned = client_->read(a.ino, a.layout, a.size, 0, buf, nullptr);
+  ASSERT_FALSE(aligned.has_value());
+  EXPECT_EQ(aligned.error().code(), Code::kCorrupt);
+  EXPECT_NE(aligned.error().message().find("block 2 fails its checksum in 3 reads"), std::string::npos)
+      << aligned.error().message();
+  auto unaligned = client_->read(a.ino, a.layout, a.size, 2 * 4096 + 1, std::span<uint8_t>(buf).first(100), nullptr);
+  ASSERT_FALSE(unaligned.has_value());
+  EXPECT_EQ(unaligned.error().code(), Code::kCorrupt) << unaligned.error().to_string();
+  for (auto [off, len] : {std::pair<uint64_t, size_t>{0, 8192}, {3 * 4096, 4096}, {3 * 4096 + 7, 500}}) {
+    std::span<uint8_t> part = std::span<uint8_t>(buf).first(len);
+    auto r = client_->read(a.ino, a.layout, a.size, off, part, nullptr);
+    ASSERT_TRUE(r.has_value()) << off << ": " << r.error().to_string();
+    ASSERT_EQ(*r, len);
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), data.begin() + static_cast<ptrdiff_t>(off))) << off;
+  }
   EXPECT_TRUE(client_->release(a.ino).is_ok());
 }
 

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/checksum/checksum.h"
 #include "server/data/chunk_format.h"
 #include "server/data/uring_io.h"
 #include "tests/unit/data/test_util.h"
@@ -194,6 +195,61 @@ TEST_P(ChunkStoreTest, FlippedDataByteIsCorruptOnReadAndPartialWrite) {
   auto fresh = pattern(4096, 11);
   write(0, 4096, fresh);
   EXPECT_EQ(read(0, 4096, 4096), fresh);
+}
+
+// Reads the bytes an UnreadRange names from its descriptor (what the RPC server would send).
+std::vector<uint8_t> bytes_of(const ChunkStore::UnreadRange& r) {
+  std::vector<uint8_t> out(r.length);
+  EXPECT_EQ(::pread(r.fd, out.data(), out.size(), static_cast<off_t>(r.file_offset)), static_cast<ssize_t>(r.length));
+  return out;
+}
+
+TEST_P(ChunkStoreTest, UnreadRangesNameTheBytesAndTheirChecksums) {
+  auto d = pattern(3 * 4096 + 1000, 21);  // the chunk ends 1000 bytes into block 3
+  write(0, 0, d);
+  auto whole = store_->read_unverified(kIno, 0, kChunk4M, 0, kChunk4M);
+  ASSERT_TRUE(whole.has_value()) << whole.status().to_string();
+  if (store_->direct_io_active()) {
+    EXPECT_FALSE(whole->has_value()) << "O_DIRECT data is not in the page cache to send";
+    return;
+  }
+  ASSERT_TRUE(whole->has_value());
+  EXPECT_EQ((*whole)->length, d.size());
+  EXPECT_EQ(bytes_of(**whole), d);
+  ASSERT_EQ((*whole)->block_sums.size(), 8u);
+  EXPECT_EQ(checksum::first_bad_block(d, (*whole)->block_sums, kBlockSize), -1);
+  // One block in the middle: its checksums, and the bytes at the right place.
+  auto mid = store_->read_unverified(kIno, 0, kChunk4M, 4096, 4096);
+  ASSERT_TRUE(mid.has_value() && mid->has_value());
+  const std::vector<uint8_t> block1(d.begin() + 4096, d.begin() + 8192);
+  EXPECT_EQ(bytes_of(**mid), block1);
+  ASSERT_EQ((*mid)->block_sums.size(), 2u);
+  EXPECT_EQ((*mid)->block_sums[0], checksum::xxh3(block1));
+  // Not verifiable by a receiver: an unaligned start, or an end inside a block before the chunk's.
+  for (auto [off, len] : {std::pair<uint32_t, uint32_t>{100, 4096}, {0, 5000}}) {
+    auto r = store_->read_unverified(kIno, 0, kChunk4M, off, len);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_FALSE(r->has_value()) << off << "+" << len;
+  }
+  // Holes: a missing chunk and an offset past the end name nothing.
+  for (auto [index, off] : {std::pair<uint64_t, uint32_t>{7, 0}, {0, 16384}}) {
+    auto r = store_->read_unverified(kIno, index, kChunk4M, off, 4096);
+    ASSERT_TRUE(r.has_value() && r->has_value());
+    EXPECT_EQ((*r)->length, 0u);
+    EXPECT_TRUE((*r)->block_sums.empty());
+  }
+  // The same validation as read().
+  EXPECT_EQ(store_->read_unverified(kIno, 0, kChunk4M, kChunk4M - 4096, 8192).status().code(), Code::kInvalid);
+}
+
+TEST_P(ChunkStoreTest, UnreadRangeOfADamagedBlockFailsTheReceiversCheck) {
+  auto d = pattern(2 * 4096, 22);
+  write(0, 0, d);
+  flip_byte(path(0), data_offset() + 4096 + 5);
+  auto r = store_->read_unverified(kIno, 0, kChunk4M, 0, 8192);
+  ASSERT_TRUE(r.has_value()) << r.status().to_string();
+  if (!r->has_value()) return;  // O_DIRECT: read() verifies (FlippedDataByteIsCorruptOnReadAndPartialWrite)
+  EXPECT_EQ(checksum::first_bad_block(bytes_of(**r), (*r)->block_sums, kBlockSize), 1);
 }
 
 TEST_P(ChunkStoreTest, FlippedByteInTheLastPartialBlockIsCorrupt) {

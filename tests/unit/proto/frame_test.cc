@@ -95,7 +95,8 @@ TEST(FrameTest, WrongMagic) {
 }
 
 TEST(FrameTest, WrongVersion) {
-  for (uint8_t v : {uint8_t{0}, uint8_t{2}, uint8_t{255}}) {
+  for (uint8_t v : {uint8_t{0}, static_cast<uint8_t>(kFrameVersion - 1), static_cast<uint8_t>(kFrameVersion + 1),
+                    uint8_t{255}}) {
     auto b = encode_header(sample());
     b[4] = v;
     expect_rejected(b, "version");
