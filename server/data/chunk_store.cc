@@ -579,6 +579,9 @@ Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(Inode
   const OpenChunk c{file, chunk_len};
   const uint64_t first_b = offset / kB;
   const uint64_t nb = (n + kB - 1) / kB;
+  // Start reading the bytes from disk now, so a cold read waits for the table and the data at
+  // once rather than one after the other (the splice comes later); a no-op when they are cached.
+  ::readahead(c.fd(), static_cast<off64_t>(c.header().data_offset + offset), n);
   std::vector<uint8_t> table(nb * kTableEntrySize);
   IoOp op = table_read(c, first_b, &table);
   Status st = run_io(std::span<IoOp>(&op, 1), false);
