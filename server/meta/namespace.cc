@@ -1010,33 +1010,66 @@ Result<pm::AttrResp> MetaService::open_file_applied(const pm::OpenReq& req, bool
   return pm::AttrResp{rec->attr};
 }
 
+// Drops `times` opens of `ino` by `session` in `txn`; the last one finalizes an unlinked inode that
+// no other session has open. A missing open record is fine (idempotent, e.g. an expired session).
+// REQUIRES: mu_ held; no other release of the same (session, ino) pending in `txn`.
+Status MetaService::release_in(Txn& txn, SessionId session, InodeId ino, uint32_t times, bool* queued) {
+  std::string key = schema::open_key(session, ino);
+  PENSTOCK_ASSIGN_OR_RETURN(auto v, store_->get(key));
+  if (!v.has_value()) return Status::ok();
+  PENSTOCK_ASSIGN_OR_RETURN(auto open, schema::decode_record<schema::OpenRecord>(*v, "open record"));
+  if (open.count > times) {
+    open.count -= times;
+    txn.batch().put(key, schema::encode_record(open));
+    return Status::ok();
+  }
+  txn.batch().del(key);
+  txn.batch().del(schema::open_by_inode_key(ino, session));
+  PENSTOCK_ASSIGN_OR_RETURN(bool other, has_open(store_, ino, session));
+  if (other) return Status::ok();
+  PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.find(ino));
+  if (rec != nullptr && rec->attr.nlink == 0) PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *rec, options_.now(), queued));
+  return Status::ok();
+}
+
 Status MetaService::release_applied(const pm::ReleaseReq& req) {
   bool queued = false;
   {
     std::lock_guard lock(mu_);
-    std::string key = schema::open_key(req.session, req.ino);
-    PENSTOCK_ASSIGN_OR_RETURN(auto v, store_->get(key));
-    if (!v.has_value()) return Status::ok();  // idempotent (e.g. the session already expired)
-    PENSTOCK_ASSIGN_OR_RETURN(auto open, schema::decode_record<schema::OpenRecord>(*v, "open record"));
     Txn txn(store_, &used_inodes_, &gc_queue_);
-    if (open.count > 1) {
-      open.count -= 1;
-      txn.batch().put(key, schema::encode_record(open));
-    } else {
-      txn.batch().del(key);
-      txn.batch().del(schema::open_by_inode_key(req.ino, req.session));
-      PENSTOCK_ASSIGN_OR_RETURN(bool other, has_open(store_, req.ino, req.session));
-      if (!other) {
-        PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.find(req.ino));
-        if (rec != nullptr && rec->attr.nlink == 0) {
-          PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *rec, options_.now(), &queued));
-        }
-      }
-    }
+    PENSTOCK_RETURN_IF_ERROR(release_in(txn, req.session, req.ino, 1, &queued));
     PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("release inode " + req.ino.to_string()));
   }
   notify_gc(queued);
   return Status::ok();
+}
+
+// Every release of the batch in one transaction (one store write). Should one of them fail, each
+// is applied on its own instead, so the others still land and the first error is returned.
+Status MetaService::release_many_applied(const pm::ReleaseManyReq& req) {
+  std::map<uint64_t, uint32_t> times;  // an inode opened twice may be released twice in one batch
+  for (InodeId ino : req.inos) ++times[ino.value];
+  bool queued = false;
+  Status st;
+  {
+    std::lock_guard lock(mu_);
+    Txn txn(store_, &used_inodes_, &gc_queue_);
+    for (const auto& [ino, n] : times) {
+      st = release_in(txn, req.session, InodeId(ino), n, &queued);
+      if (!st.is_ok()) break;
+    }
+    if (st.is_ok()) st = txn.commit().with_context("release " + std::to_string(times.size()) + " inodes");
+  }
+  if (st.is_ok()) {
+    notify_gc(queued);
+    return st;
+  }
+  Status first;
+  for (InodeId ino : req.inos) {
+    Status one = release_applied(pm::ReleaseReq{ino, req.session});
+    if (!one.is_ok() && first.is_ok()) first = std::move(one);
+  }
+  return first;
 }
 
 Status MetaService::set_layout_applied(const pm::SetLayoutReq& req) {
@@ -1367,12 +1400,7 @@ Status MetaService::release_many(const pm::ReleaseManyReq& req) {
     return Status(Code::kInvalid, std::to_string(req.inos.size()) + " releases in one ReleaseMany; at most " +
                                       std::to_string(pm::kMaxReleaseBatch) + " (send several)");
   }
-  Status first;
-  for (InodeId ino : req.inos) {
-    Status st = release_applied(pm::ReleaseReq{ino, req.session});
-    if (!st.is_ok() && first.is_ok()) first = std::move(st);
-  }
-  return first;
+  return release_many_applied(req);
 }
 Status MetaService::set_layout(const pm::SetLayoutReq& req) { return durable(set_layout_applied(req)); }
 Result<pm::RegisterNodeResp> MetaService::register_node(const pm::RegisterNodeReq& req) {

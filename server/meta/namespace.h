@@ -193,6 +193,8 @@ class MetaService {
   Status remove_xattr_applied(const pm::GetXattrReq& req);
   Result<pm::AttrResp> open_file_applied(const pm::OpenReq& req, bool* orphan);
   Status release_applied(const pm::ReleaseReq& req);
+  Status release_many_applied(const pm::ReleaseManyReq& req);
+  Status release_in(Txn& txn, SessionId session, InodeId ino, uint32_t times, bool* queued);
   Status set_layout_applied(const pm::SetLayoutReq& req);
   Result<pm::RegisterNodeResp> register_node_applied(const pm::RegisterNodeReq& req);
   Result<pm::HeartbeatResp> node_heartbeat_applied(const pm::NodeHeartbeatReq& req);

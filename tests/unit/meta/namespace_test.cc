@@ -866,6 +866,16 @@ TYPED_TEST(NamespaceTest, ReleaseManyReleasesEachListedOpenAndBoundsTheBatch) {
   auto jobs = s.gc_pending(InodeId(), 100);
   ASSERT_TRUE(jobs.has_value());
   EXPECT_EQ(jobs->size(), 2u);
+  // Three opens, two released in one batch (applied as one transaction): one open is left, so
+  // the unlinked file stays until the last release.
+  InodeId k = this->must_create(kRootInode, "k", sess);
+  ASSERT_OK(s.open_file(pm::OpenReq{k, sess, 0}));
+  ASSERT_OK(s.open_file(pm::OpenReq{k, sess, 0}));
+  ASSERT_OK(this->unlink(kRootInode, "k"));
+  ASSERT_OK(s.release_many(pm::ReleaseManyReq{sess, {k, k}}));
+  EXPECT_TRUE(s.get_attr(pm::InodeReq{k}).has_value()) << "an open is left";
+  ASSERT_OK(s.release_many(pm::ReleaseManyReq{sess, {k}}));
+  EXPECT_CODE(s.get_attr(pm::InodeReq{k}), Code::kNotFound);
   // A hostile batch past the bound is refused before anything is released.
   InodeId h = this->must_create(kRootInode, "h", sess);
   ASSERT_OK(this->unlink(kRootInode, "h"));
