@@ -11,8 +11,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -63,11 +61,11 @@ bool local_only() {
   return ::testing::AssertionSuccess();
 }
 
+// A log file's text ("" when it cannot be read; the assertions on its contents then fail).
 std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  std::string text;
+  if (!read_file(path, &text)) return "";
+  return text;
 }
 
 // The client cache blocks dropped in the mount log's last "caches dropped" line; -1 if none.
