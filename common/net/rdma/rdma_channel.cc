@@ -426,12 +426,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       by_id_[q.id] = s;
       ibv_sge sge{reinterpret_cast<uint64_t>(send_->at(s)), static_cast<uint32_t>(n),
                   send_->lkey()};
-      ibv_send_wr wr{};
-      wr.wr_id = kTagSend | s;
-      wr.sg_list = &sge;
-      wr.num_sge = 1;
-      wr.opcode = IBV_WR_SEND;
-      wr.send_flags = IBV_SEND_SIGNALED;
+      ibv_send_wr wr = rdma::make_send_wr(kTagSend | s, &sge, IBV_WR_SEND, true);
       ibv_send_wr* bad = nullptr;
       if (ibv_post_send(id_->qp, &wr, &bad) != 0) {
         close_with(Status(

@@ -388,14 +388,8 @@ bool ServerConn::post_read(const std::shared_ptr<RequestImpl>& req) {
   reads_[slot] = req;
   ibv_sge sge{reinterpret_cast<uint64_t>(req->bulk_buffer().data), req->source().len,
               req->bulk_buffer().lkey};
-  ibv_send_wr wr{};
-  wr.wr_id = kTagRead | slot;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_READ;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = req->source().addr;
-  wr.wr.rdma.rkey = req->source().rkey;
+  ibv_send_wr wr = rdma::make_send_wr(kTagRead | slot, &sge, IBV_WR_RDMA_READ, true, req->source().addr,
+                                      req->source().rkey);
   ibv_send_wr* bad = nullptr;
   if (ibv_post_send(id_->qp, &wr, &bad) != 0)
     fail("ibv_post_send (RDMA READ): " + rdma::errno_text(errno), false);
@@ -451,23 +445,13 @@ void ServerConn::flush_outgoing() {
         {}, {}, std::span<uint8_t>(send_->at(slot), send_->bytes()));
     ibv_sge ctl{reinterpret_cast<uint64_t>(send_->at(slot)), static_cast<uint32_t>(n),
                 send_->lkey()};
-    ibv_send_wr send_wr{};
-    send_wr.wr_id = kTagSend | slot;
-    send_wr.sg_list = &ctl;
-    send_wr.num_sge = 1;
-    send_wr.opcode = IBV_WR_SEND;
-    send_wr.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr send_wr = rdma::make_send_wr(kTagSend | slot, &ctl, IBV_WR_SEND, true);
     ibv_send_wr write_wr{};
     ibv_sge data{};
     ibv_send_wr* first = &send_wr;
     if (s.staged.valid() && s.header.bulk_len > 0) {
       data = ibv_sge{reinterpret_cast<uint64_t>(s.staged.data), s.header.bulk_len, s.staged.lkey};
-      write_wr.wr_id = kTagSend | slot;
-      write_wr.sg_list = &data;
-      write_wr.num_sge = 1;
-      write_wr.opcode = IBV_WR_RDMA_WRITE;
-      write_wr.wr.rdma.remote_addr = s.dest.addr;
-      write_wr.wr.rdma.rkey = s.dest.rkey;
+      write_wr = rdma::make_send_wr(kTagSend | slot, &data, IBV_WR_RDMA_WRITE, false, s.dest.addr, s.dest.rkey);
       write_wr.next = &send_wr;
       first = &write_wr;
     }

@@ -103,6 +103,21 @@ std::string errno_text(int err);
 // Posts one receive of ring buffer `index`; wr_id = tag | index.
 int post_ring_recv(ibv_qp* qp, const Ring& ring, uint32_t index, uint64_t tag);
 
+// A send-queue work request over the one buffer `sge` (which must live until it is posted):
+// `wr_id` (a tag | slot), `opcode`, signaled or not, and for RDMA READ/WRITE the peer's buffer.
+inline ibv_send_wr make_send_wr(uint64_t wr_id, ibv_sge* sge, ibv_wr_opcode opcode, bool signaled,
+                                uint64_t remote_addr = 0, uint32_t rkey = 0) {
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = sge;
+  wr.num_sge = 1;
+  wr.opcode = opcode;
+  wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
+  wr.wr.rdma.remote_addr = remote_addr;
+  wr.wr.rdma.rkey = rkey;
+  return wr;
+}
+
 // Makes `fd` non-blocking. False on failure.
 bool set_nonblocking(int fd);
 
