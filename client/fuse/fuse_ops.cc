@@ -51,8 +51,9 @@ constexpr double kAttrTimeout = 1.0;
 constexpr bool kKeepCacheWhenUnchanged = true;
 
 // A descriptor opened read-only gets no FLUSH at close (FOPEN_NOFLUSH): it buffered no write whose
-// error close() must report, and locks are the kernel's own (no lock ops here). One FUSE round trip
-// fewer per small-file read (open, read, close).
+// error close() must report, and locks are the kernel's own (no lock ops here). Its RELEASE does
+// not flush either, so a write error stays for the writer's own close. One FUSE round trip fewer
+// per small-file read (open, read, close).
 constexpr bool kNoFlushForReadOnly = true;
 
 constexpr uint32_t kMaxWrite = 1u << 20;
@@ -63,6 +64,7 @@ struct FileHandle {
   proto::Layout layout;
   std::atomic<uint64_t> size_hint{0};  // the size known at open (or after our own truncate)
   bool keep_cache = false;             // the kernel may keep its pages (see kKeepCacheWhenUnchanged)
+  bool writable = true;                // opened for writing: its close flushes (kNoFlushForReadOnly)
   std::unique_ptr<client::ReadContext> read_ctx;  // cache generation and read-ahead streams
 };
 
@@ -349,7 +351,8 @@ void reply_open_handle(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<FileH
   fi->fh = reinterpret_cast<uint64_t>(raw);
   fi->keep_cache = (kKeepCacheWhenUnchanged && raw->keep_cache) ? 1 : 0;
   fi->direct_io = static_cast<MountState*>(fuse_req_userdata(req))->direct_io ? 1 : 0;
-  fi->noflush = (kNoFlushForReadOnly && (fi->flags & O_ACCMODE) == O_RDONLY) ? 1 : 0;
+  raw->writable = !kNoFlushForReadOnly || (fi->flags & O_ACCMODE) != O_RDONLY;
+  fi->noflush = raw->writable ? 0 : 1;
   const int rc = e != nullptr ? fuse_reply_create(req, e, fi) : fuse_reply_open(req, fi);
   if (rc != 0) {
     Status st = client_of(req).release(raw->ino);
@@ -466,7 +469,7 @@ void op_fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info* fi) {
 
 void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   std::unique_ptr<FileHandle> fh(file_of(fi));
-  Status st = client_of(req).release(fh->ino);
+  Status st = client_of(req).release(fh->ino, fh->writable);
   fh.reset();
   reply_status(req, st, "release", ino);
 }

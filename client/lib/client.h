@@ -206,10 +206,12 @@ class Client {
   // kIo), or the meta server's error fetching the map. Thread-safe.
   Status drop_caches();
   uint64_t dirty_bytes() const { return budget_ ? budget_->used() : 0; }
-  // flush(), then queues the Release for the meta server and returns flush()'s result: a
-  // background thread sends queued releases in batches (ReleaseMany, within about 2 ms), so a
-  // close never waits for its release and many closes share one RPC. shutdown() sends the rest.
-  Status release(InodeId ino);
+  // flush() (unless `flush_writes` is false: a handle opened read-only, which must neither wait
+  // for nor take the write errors that belong to a writer's close), then queues the Release for
+  // the meta server and returns flush()'s result: a background thread sends queued releases in
+  // batches (ReleaseMany, within about 2 ms), so a close never waits for its release and many
+  // closes share one RPC. shutdown() sends the rest.
+  Status release(InodeId ino, bool flush_writes = true);
   // Cuts the file to `size`: data Truncate on every target of every chain of its layout first, then
   // the meta size, then forgets this client's size knowledge. Returns the new attributes.
   // kIsDir on a directory, kInvalid on other non-regular files.

@@ -1,5 +1,8 @@
 #include "common/net/io_pool.h"
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <algorithm>
 
 #include "common/base/log.h"
@@ -25,6 +28,12 @@ void IoPool::start() {
     loop->guard.emplace(loop->io->get_executor());
     ++running_;
     loop->thread = std::thread([this, io = loop->io.get()] {
+      // A splice into a socket the peer reset raises SIGPIPE (it cannot pass MSG_NOSIGNAL the way
+      // Asio's sends do); blocked here, the call just fails with EPIPE, in every embedding process.
+      sigset_t pipe;
+      sigemptyset(&pipe);
+      sigaddset(&pipe, SIGPIPE);
+      pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
       io->run();
       std::lock_guard<std::mutex> done(mu_);
       --running_;

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <string>
 
+#include "common/base/log.h"
+
 namespace penstock::rpc {
 
 namespace {
@@ -21,6 +23,7 @@ Pipe::~Pipe() {
 Result<std::unique_ptr<Pipe>> PipePool::take() {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (unsizable_) return Status(Code::kUnavailable, "pipes cannot be sized for splicing here");
     if (!idle_.empty()) {
       std::unique_ptr<Pipe> p = std::move(idle_.back());
       idle_.pop_back();
@@ -34,9 +37,15 @@ Result<std::unique_ptr<Pipe>> PipePool::take() {
   auto pipe = std::make_unique<Pipe>(fds[0], fds[1], kCapacity);
   const int got = ::fcntl(fds[1], F_SETPIPE_SZ, static_cast<int>(kCapacity));
   if (got < static_cast<int>(kCapacity)) {
-    return Status(Code::kUnavailable, "cannot size a pipe to " + std::to_string(kCapacity) + " bytes: " +
-                                          (got < 0 ? std::strerror(errno) : std::to_string(got) + " granted") +
-                                          " (see /proc/sys/fs/pipe-max-size)");
+    Status st(Code::kUnavailable, "cannot size a pipe to " + std::to_string(kCapacity) + " bytes: " +
+                                      (got < 0 ? std::strerror(errno) : std::to_string(got) + " granted") +
+                                      " (see /proc/sys/fs/pipe-max-size and pipe-user-pages-soft)");
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!unsizable_) {
+      unsizable_ = true;
+      PENSTOCK_LOG(Warn) << st.message() << "; reads are copied instead of spliced from now on";
+    }
+    return st;
   }
   return pipe;
 }
@@ -65,7 +74,10 @@ bool stage_in_pipe(const FileBulk& f, PipePool& pool, StagedBulk* out) {
     }
     if (n == 0) break;  // the file ends here
     if (errno == EINTR) continue;
-    return false;  // the pipe (holding a part, maybe) is closed; the caller reads instead
+    // Nothing spliced (the file system cannot splice): the pipe is still empty and reusable.
+    // Part of the range in it: the pipe is closed. Either way the caller reads instead.
+    if (left == f.length) pool.give_back(std::move(*pipe));
+    return false;
   }
   out->pipe = std::move(*pipe);
   out->bytes = static_cast<uint32_t>(f.length - left);

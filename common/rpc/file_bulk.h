@@ -52,9 +52,13 @@ class Pipe {
 class PipePool {
  public:
   static constexpr size_t kCapacity = 1 << 20;  // bytes a pooled pipe holds
-  static constexpr size_t kMaxIdle = 64;
+  // Idle pipes kept: 16 MiB of pipe buffer, a quarter of Linux's default per-user soft limit
+  // (/proc/sys/fs/pipe-user-pages-soft) for unprivileged daemons.
+  static constexpr size_t kMaxIdle = 16;
 
   // An empty pipe of kCapacity bytes; an error when none can be made (descriptors, pipe limits).
+  // After the first pipe that cannot be sized, every later call fails at once (logged once): the
+  // callers then read into memory instead of paying for a pipe per request.
   Result<std::unique_ptr<Pipe>> take();
   // Returns a pipe. REQUIRES: it is empty (everything spliced in was spliced out).
   void give_back(std::unique_ptr<Pipe> pipe);
@@ -62,6 +66,7 @@ class PipePool {
  private:
   std::mutex mu_;  // leaf
   std::vector<std::unique_ptr<Pipe>> idle_;
+  bool unsizable_ = false;  // guarded by mu_: a pipe could not be sized to kCapacity
 };
 
 // A FileBulk made ready to send: either in a pipe (`pipe`, `bytes` of it) or in memory (`memory`).

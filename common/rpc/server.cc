@@ -64,6 +64,7 @@ constexpr uint64_t kMaxInflightBytes = 256ull << 20;  // per connection, request
 constexpr size_t kMaxBatch = 64;                     // responses per gathered write
 constexpr size_t kMaxErrorText = 64 << 10;           // error messages are truncated to this
 constexpr size_t kGrowStep = 1 << 20;                // buffers grow as bytes arrive, not up front
+constexpr size_t kReserveBytes = 8 << 20;            // ...but this much is reserved at once
 
 uint32_t handler_key(proto::ServiceId service, uint16_t method) {
   return (static_cast<uint32_t>(service) << 16) | method;
@@ -203,13 +204,12 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
 
   static asio::awaitable<void> read_loop(std::shared_ptr<ServerConnection> self) { co_await self->read_frames(); }
 
-  // Reads `n` bytes into `buf`, growing it as bytes arrive so a lying length costs no memory. The
-  // capacity is reserved at once: untouched pages of a large allocation are address space only,
-  // and growing by reallocation copied 3 MiB of every 4 MiB write (A/B ckpt-write 1.17x, CPU
-  // per GiB 0.83x).
+  // Reads `n` bytes into `buf`, growing it as bytes arrive so a lying length costs little memory.
+  // Up to kReserveBytes is reserved at once (untouched pages are address space only): growing a
+  // 4 MiB write by reallocation copied 3 MiB of it (A/B ckpt-write 1.17x, CPU per GiB 0.83x).
   asio::awaitable<error_code> read_growing(ByteBuffer& buf, size_t n) {
     buf.clear();
-    buf.reserve(n);
+    buf.reserve(std::min(n, kReserveBytes));
     error_code ec;
     while (buf.size() < n) {
       size_t have = buf.size();
@@ -293,7 +293,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   // A worker thread, or the strand for an inline handler. A file bulk is staged here, so a disk
   // read it needs blocks this thread, not the connection's writer.
   Response handle_request(const HandlerEntry& entry, Incoming in) {
-    RequestContext ctx(in.bulk, peer_, /*can_send_file=*/true);
+    RequestContext ctx(in.bulk, peer_, /*can_send_file=*/entry.dispatch == Dispatch::kWorker);
     Result<std::string> result = invoke(entry, in.message, ctx);
     if (!result.has_value() && result.error().code() == Code::kProtocol) {
       PENSTOCK_LOG(Warn) << "closing connection from " << peer_ << " after an undecodable " << entry.name

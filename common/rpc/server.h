@@ -38,12 +38,15 @@ class RequestContext {
   ByteBuffer& bulk_out() { return bulk_out_; }
   const std::string& peer() const { return peer_; }
 
-  // Whether the response may carry a file range instead (TCP connections; RDMA replies carry
-  // bytes only).
+  // Whether the response may carry a file range instead: TCP connections, handlers on the worker
+  // pool (staging may read the disk); RDMA replies carry bytes only.
   bool can_send_file() const { return can_send_file_; }
   // Makes a range of an open file the response's bulk (file_bulk.h: spliced, not copied). Used
   // only when the handler succeeds. REQUIRES: can_send_file(), bulk_out() left empty.
-  void send_file(FileBulk f) { file_ = std::move(f); }
+  void send_file(FileBulk f) {
+    PENSTOCK_CHECK(can_send_file_);
+    file_ = std::move(f);
+  }
   std::optional<FileBulk>& file_bulk() { return file_; }
 
  private:

@@ -19,6 +19,7 @@
 #include "common/base/log.h"
 #include "common/checksum/checksum.h"
 #include "common/layout/layout.h"
+#include "common/proto/data_service.h"
 #include "server/data/chunk_format.h"
 #include "server/data/uring_io.h"
 
@@ -26,6 +27,7 @@ namespace penstock::data {
 namespace {
 
 constexpr uint64_t kB = kBlockSize;
+static_assert(kBlockSize == proto::data::kChecksumBlock, "clients verify unread ranges in blocks of this size");
 // How long DropCaches waits for pages still referenced (by a reply in a socket) to be released.
 constexpr std::chrono::milliseconds kHeldPagesWait{1000};
 

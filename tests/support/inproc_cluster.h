@@ -99,6 +99,11 @@ class InProcessCluster {
     dir_.clear();
   }
 
+  // Stops every data server (the meta server and the client stay): data I/O then fails.
+  void stop_data_servers() {
+    for (auto& d : data_) d->stop();
+  }
+
   // REQUIRES: start() succeeded.
   client::Client& client() { return *client_; }
   const std::string& dir() const { return dir_; }
