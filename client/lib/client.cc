@@ -887,12 +887,12 @@ void Client::wb_retire_if_idle(InodeId ino) {
   std::lock_guard<std::mutex> lock(wb_mu_);
   auto it = wb_files_.find(ino);
   if (it == wb_files_.end()) return;
-  std::lock_guard<std::mutex> g(it->second->mu);
-  if (!it->second->buf.empty() || !it->second->inflight.empty() || it->second->writers > 0 ||
-      !it->second->error.peek().is_ok()) {
-    return;
-  }
-  it->second->retired = true;
+  // Our own reference, destroyed after `g` unlocks: erasing the map's may leave the last one to a
+  // finished send task, which would free the WbFile (and the mutex `g` holds) on its thread.
+  const std::shared_ptr<WbFile> wf = it->second;
+  std::lock_guard<std::mutex> g(wf->mu);
+  if (!wf->buf.empty() || !wf->inflight.empty() || wf->writers > 0 || !wf->error.peek().is_ok()) return;
+  wf->retired = true;
   wb_files_.erase(it);
 }
 
