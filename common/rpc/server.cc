@@ -59,8 +59,8 @@ using asio::ip::tcp;
 using boost::system::error_code;
 using Strand = asio::strand<asio::io_context::executor_type>;
 
-constexpr uint32_t kMaxInflightRequests = 128;       // per connection; reading pauses beyond
-constexpr uint64_t kMaxInflightBytes = 256ull << 20;  // per connection, request message + bulk
+constexpr uint32_t kMaxInflightRequests = 128;       // per connection, until answered; reading pauses beyond
+constexpr uint64_t kMaxInflightBytes = 256ull << 20;  // per connection, requests and responses not yet written
 constexpr size_t kMaxBatch = 64;                     // responses per gathered write
 constexpr size_t kMaxErrorText = 64 << 10;           // error messages are truncated to this
 constexpr size_t kGrowStep = 1 << 20;                // buffers grow as bytes arrive, not up front
@@ -91,6 +91,7 @@ struct Response {
   ByteBuffer bulk;
   std::unique_ptr<Pipe> pipe;  // or the bulk is h.bulk_len bytes staged in this pipe (file_bulk.h)
   bool close_after = false;    // the request was undecodable: close once the error is sent
+  uint64_t inflight_bytes = 0; // what it counts in ServerConnection::inflight_bytes_ until written
 };
 
 // The response to `req`. Its bulk: `staged` when given (and the result is ok), else `bulk`.
@@ -310,13 +311,24 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   }
 
   // ---- strand ----
+  // A request stays in flight (inflight_, inflight_bytes_) until its response is written, and its
+  // response's bytes count too: a peer that sends requests but never reads the answers makes the
+  // reader pause, instead of the server queueing responses without bound.
   void enqueue(Response resp, uint64_t bytes) {
-    --inflight_;
-    inflight_bytes_ -= bytes;
-    if (reader_waiting_) resume_.cancel();
     if (closed_) return;
+    resp.inflight_bytes = bytes + resp.h.message_len + resp.h.bulk_len;
+    inflight_bytes_ += resp.h.message_len + resp.h.bulk_len;
     queue_.push_back(std::move(resp));
     if (!writing_) do_write();
+  }
+
+  // The batch was written (or failed): its requests leave the in-flight counts.
+  void release_batch() {
+    for (const Response& r : batch_) {
+      --inflight_;
+      inflight_bytes_ -= r.inflight_bytes;
+    }
+    if (reader_waiting_) resume_.cancel();
   }
 
   void do_write() {
@@ -352,6 +364,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
     }
     writing_ = false;
     const bool close_now = !batch_.empty() && batch_.back().close_after;
+    release_batch();
     batch_.clear();
     if (closed_) return;
     if (ec) {

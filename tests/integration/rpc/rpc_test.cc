@@ -480,6 +480,42 @@ class RawPeer {
   tcp::socket socket_;
 };
 
+// Resident memory of this process (the server runs in it), from /proc/self/statm.
+uint64_t resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  unsigned long size = 0, resident = 0;
+  const int n = std::fscanf(f, "%lu %lu", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? static_cast<uint64_t>(resident) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
+// A peer that sends requests for 1 MiB answers and never reads them: the server stops reading
+// from it once 128 requests (256 MiB) are unanswered or unwritten, instead of queueing 1000 MiB
+// of responses, and keeps serving everyone else.
+TEST_F(RpcTest, APeerThatNeverReadsCannotMakeTheServerQueueResponsesWithoutBound) {
+  constexpr int kRequests = 1000;
+  const uint64_t before = resident_bytes();
+  RawPeer peer(port_);
+  EchoReq req;
+  req.text = "hoard";
+  req.reply_bulk_len = 1u << 20;
+  const std::string msg = proto::encode(req);
+  for (int i = 0; i < kRequests; ++i) peer.send_request(Echo::kId, msg, static_cast<uint64_t>(i + 1));
+  std::this_thread::sleep_for(1500ms);  // the server reads and answers all it is going to
+  const uint64_t grown = resident_bytes() - std::min(before, resident_bytes());
+  std::printf("resident memory grew by %llu MiB for %d unread 1 MiB answers\n",
+              static_cast<unsigned long long>(grown >> 20), kRequests);
+  EXPECT_LT(grown, 500ull << 20) << "resident memory grew by " << (grown >> 20) << " MiB";
+  expect_echo_works();
+  // Once the peer reads, every answer arrives.
+  for (int i = 0; i < kRequests; ++i) {
+    auto f = peer.read_frame();
+    ASSERT_TRUE(f.has_value()) << "response " << i << ": " << f.error().to_string();
+    ASSERT_EQ(f->first.bulk_len, 1u << 20);
+  }
+}
+
 TEST_F(RpcTest, GarbageBytesCloseTheConnectionOnly) {
   RawPeer peer(port_);
   std::mt19937 rng(42);
