@@ -652,7 +652,8 @@ Status Client::read_ranges(InodeId ino, const proto::Layout& layout,
     }
     if (bad.empty()) break;
     const std::string& what = tasks[bad.front()].what;
-    const uint64_t block = pieces[bad.front()].io.offset_in_chunk / data::kChecksumBlock + static_cast<uint64_t>(bad_block);
+    const uint64_t block =
+        pieces[bad.front()].io.offset_in_chunk / data::kChecksumBlock + static_cast<uint64_t>(bad_block);
     if (attempt >= kVerifiedReadAttempts) {
       // Only a server that ignored verify_at_client=false gets here.
       return Status(Code::kCorrupt, "block " + std::to_string(block) + " fails its checksum and the data server " +

@@ -6,17 +6,12 @@
 
 namespace penstock::net {
 
-struct IoRuntime::Impl {
-  explicit Impl(int threads) : pool(threads) {}
-  IoPool pool;
-};
-
-IoRuntime::IoRuntime(int threads) : impl_(std::make_unique<Impl>(threads)) { impl_->pool.start(); }
+IoRuntime::IoRuntime(int threads) : pool_(std::make_unique<IoPool>(threads)) { pool_->start(); }
 
 // Lets outstanding work (closing sockets, failing pending calls) drain so every callback runs; if
 // something keeps a context busy past the grace period, it is stopped hard.
-IoRuntime::~IoRuntime() { impl_->pool.drain(std::chrono::seconds(5)); }
+IoRuntime::~IoRuntime() { pool_->drain(std::chrono::seconds(5)); }
 
-void* IoRuntime::native_context() { return &impl_->pool.next(); }
+void* IoRuntime::native_context() { return &pool_->next(); }
 
 }  // namespace penstock::net

@@ -53,6 +53,8 @@ class Channel {
   virtual std::string describe() const = 0;
 };
 
+class IoPool;
+
 // I/O threads shared by every channel of a process. Thread-safe. Stops and joins on destruction;
 // REQUIRES: every Channel made on it is destroyed first.
 class IoRuntime {
@@ -67,8 +69,7 @@ class IoRuntime {
   void* native_context();
 
  private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<IoPool> pool_;  // io_pool.h (Asio, so not included here)
 };
 
 struct TcpOptions {

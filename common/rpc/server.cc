@@ -1,7 +1,8 @@
 // RpcServer over Boost.Asio.
 //
 // Threads: `io_threads` each run an io_context of their own (net::IoPool); the accept loop hands
-// each new connection to the next one, and its read loop and writer stay on that thread. Handlers run on a separate pool of `worker_threads` because they may block on disk or RocksDB.
+// each new connection to the next one, and its read loop and writer stay on that thread. Handlers
+// run on a separate pool of `worker_threads` because they may block on disk or RocksDB.
 // Each connection's socket state lives on its own strand: the read loop (a coroutine), the response
 // queue and the writer. A worker posts its finished response back to the strand. A handler
 // registered with Dispatch::kInline runs in the read loop itself and queues its response directly.
@@ -59,8 +60,9 @@ using asio::ip::tcp;
 using boost::system::error_code;
 using Strand = asio::strand<asio::io_context::executor_type>;
 
-constexpr uint32_t kMaxInflightRequests = 128;       // per connection, until answered; reading pauses beyond
-constexpr uint64_t kMaxInflightBytes = 256ull << 20;  // per connection, requests and responses not yet written
+// Per connection, counted until the response is written; reading pauses beyond either.
+constexpr uint32_t kMaxInflightRequests = 128;
+constexpr uint64_t kMaxInflightBytes = 256ull << 20;  // request and response bytes
 constexpr size_t kMaxBatch = 64;                     // responses per gathered write
 constexpr size_t kMaxErrorText = 64 << 10;           // error messages are truncated to this
 constexpr size_t kGrowStep = 1 << 20;                // buffers grow as bytes arrive, not up front
@@ -91,21 +93,19 @@ struct Response {
   ByteBuffer bulk;
   std::unique_ptr<Pipe> pipe;  // or the bulk is h.bulk_len bytes staged in this pipe (file_bulk.h)
   bool close_after = false;    // the request was undecodable: close once the error is sent
-  uint64_t inflight_bytes = 0; // what it counts in ServerConnection::inflight_bytes_ until written
+  uint64_t inflight_bytes = 0;  // what it counts in ServerConnection::inflight_bytes_ until written
 };
 
-// The response to `req`. Its bulk: `staged` when given (and the result is ok), else `bulk`.
+// The response to `req`. Its bulk: `staged` when given (in its pipe, or in memory), else `bulk`;
+// an error response carries none.
 Response make_response(const proto::FrameHeader& req, Result<std::string> result, ByteBuffer bulk,
                        StagedBulk* staged = nullptr) {
+  std::unique_ptr<Pipe> pipe;
+  uint32_t pipe_bytes = 0;
   if (staged != nullptr) {
     bulk = std::move(staged->memory);
-    if (result.has_value() && staged->pipe) {
-      Response r = make_response(req, std::move(result), {});
-      r.pipe = std::move(staged->pipe);
-      r.h.bulk_len = staged->bytes;
-      r.header = proto::encode_header(r.h);
-      return r;
-    }
+    pipe = std::move(staged->pipe);
+    pipe_bytes = staged->bytes;
   }
   Response r;
   proto::FrameHeader h;
@@ -120,6 +120,7 @@ Response make_response(const proto::FrameHeader& req, Result<std::string> result
   if (result.has_value()) {
     r.message = std::move(result).value();
     r.bulk = std::move(bulk);
+    r.pipe = std::move(pipe);
   } else {
     const Status& st = result.error();
     h.status = static_cast<uint32_t>(st.code());
@@ -127,7 +128,7 @@ Response make_response(const proto::FrameHeader& req, Result<std::string> result
     r.close_after = st.code() == Code::kProtocol;
   }
   h.message_len = static_cast<uint32_t>(r.message.size());
-  h.bulk_len = static_cast<uint32_t>(r.bulk.size());
+  h.bulk_len = r.pipe ? pipe_bytes : static_cast<uint32_t>(r.bulk.size());
   r.h = h;
   r.header = proto::encode_header(h);
   return r;

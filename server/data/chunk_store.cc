@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -75,6 +76,19 @@ uint64_t cached_pages(int fd) {
   return n;
 }
 
+// The names in `dir` but "." and ".." (and other dot-names); std::nullopt, with errno set, when it
+// cannot be opened.
+std::optional<std::vector<std::string>> entry_names(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return std::nullopt;
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] != '.') names.emplace_back(e->d_name);
+  }
+  ::closedir(d);
+  return names;
+}
+
 Status errno_error(int err, const std::string& what) {
   Code code = (err == ENOSPC || err == EDQUOT) ? Code::kNoSpace : Code::kIo;
   return Status(code, what + ": " + std::strerror(err));
@@ -111,7 +125,6 @@ Status validate_common(InodeId ino, uint32_t chunk_size) {
   if (!ino.valid()) return Status(Code::kInvalid, "inode 0 is not a file");
   return layout::validate_chunk_size(chunk_size);
 }
-
 
 }  // namespace
 
@@ -822,32 +835,14 @@ Result<ChunkStore::DropStats> ChunkStore::drop_caches() {
   // sync_file_range and DONTNEED never change a byte, and a file removed meanwhile is skipped.
   const std::string chunks = target_->path() + "/chunks";
   std::vector<std::string> held;  // files with pages DONTNEED could not drop yet
-  DIR* top = ::opendir(chunks.c_str());
-  if (top == nullptr) return errno_error(errno, "cannot list " + chunks);
-  std::vector<std::string> buckets;
-  while (dirent* e = ::readdir(top)) {
-    if (e->d_name[0] != '.') buckets.emplace_back(e->d_name);
-  }
-  ::closedir(top);
-  for (const std::string& bucket : buckets) {
+  std::optional<std::vector<std::string>> buckets = entry_names(chunks);
+  if (!buckets.has_value()) return errno_error(errno, "cannot list " + chunks);
+  for (const std::string& bucket : *buckets) {
     const std::string bdir = chunks + "/" + bucket;
-    DIR* bd = ::opendir(bdir.c_str());
-    if (bd == nullptr) continue;  // not a directory, or gone
-    std::vector<std::string> inodes;
-    while (dirent* e = ::readdir(bd)) {
-      if (e->d_name[0] != '.') inodes.emplace_back(e->d_name);
-    }
-    ::closedir(bd);
-    for (const std::string& inode : inodes) {
+    // A bucket or inode directory that cannot be listed is not a directory, or was removed meanwhile.
+    for (const std::string& inode : entry_names(bdir).value_or(std::vector<std::string>())) {
       const std::string idir = bdir + "/" + inode;
-      DIR* id = ::opendir(idir.c_str());
-      if (id == nullptr) continue;  // removed meanwhile
-      std::vector<std::string> files;
-      while (dirent* e = ::readdir(id)) {
-        if (e->d_name[0] != '.') files.emplace_back(e->d_name);
-      }
-      ::closedir(id);
-      for (const std::string& name : files) {
+      for (const std::string& name : entry_names(idir).value_or(std::vector<std::string>())) {
         const std::string path = idir + "/" + name;
         Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
         if (fd.get() < 0) continue;  // removed meanwhile

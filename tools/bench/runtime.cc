@@ -17,6 +17,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "tools/bench/units.h"
@@ -418,15 +419,25 @@ std::string fstype_for_path(const std::string& mounts, const std::string& path) 
   return best_type;
 }
 
+namespace {
+
+// The whole text of a small file (/proc files); std::nullopt when it cannot be opened.
+std::optional<std::string> read_text(const char* path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
 std::string mount_fstype(const std::string& dir) {
   char* real = realpath(dir.c_str(), nullptr);
   if (real == nullptr) return "";
   const std::string path(real);
   std::free(real);
-  std::ifstream in("/proc/mounts");
-  std::stringstream text;
-  text << in.rdbuf();
-  return fstype_for_path(text.str(), path);
+  return fstype_for_path(read_text("/proc/mounts").value_or(""), path);
 }
 
 bool is_penstock_fstype(const std::string& fstype) {
@@ -530,11 +541,9 @@ Result<uint64_t> busy_ticks_from_proc_stat(std::string_view text) {
 }
 
 Result<double> machine_busy_cpu_seconds() {
-  std::ifstream in("/proc/stat");
-  if (!in) return make_error(Code::kIo, "cannot read /proc/stat");
-  std::stringstream text;
-  text << in.rdbuf();
-  PENSTOCK_ASSIGN_OR_RETURN(uint64_t ticks, busy_ticks_from_proc_stat(text.str()));
+  const std::optional<std::string> text = read_text("/proc/stat");
+  if (!text.has_value()) return make_error(Code::kIo, "cannot read /proc/stat");
+  PENSTOCK_ASSIGN_OR_RETURN(uint64_t ticks, busy_ticks_from_proc_stat(*text));
   const long hz = ::sysconf(_SC_CLK_TCK);
   return static_cast<double>(ticks) / static_cast<double>(hz > 0 ? hz : 100);
 }
