@@ -65,6 +65,7 @@ struct FileHandle {
   std::atomic<uint64_t> size_hint{0};  // the size known at open (or after our own truncate)
   bool keep_cache = false;             // the kernel may keep its pages (see kKeepCacheWhenUnchanged)
   bool writable = true;                // opened for writing: its close flushes (kNoFlushForReadOnly)
+  client::WriteCursor write_cursor;    // a writable handle's place in the file's write errors
   std::unique_ptr<client::ReadContext> read_ctx;  // cache generation and read-ahead streams
 };
 
@@ -353,6 +354,7 @@ void reply_open_handle(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<FileH
   fi->direct_io = static_cast<MountState*>(fuse_req_userdata(req))->direct_io ? 1 : 0;
   raw->writable = !kNoFlushForReadOnly || (fi->flags & O_ACCMODE) != O_RDONLY;
   fi->noflush = raw->writable ? 0 : 1;
+  if (raw->writable) raw->write_cursor = client_of(req).write_cursor(raw->ino);
   const int rc = e != nullptr ? fuse_reply_create(req, e, fi) : fuse_reply_open(req, fi);
   if (rc != 0) {
     Status st = client_of(req).release(raw->ino);
@@ -427,7 +429,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
 
 void do_write(fuse_req_t req, fuse_ino_t ino, std::span<const uint8_t> data, off_t off, fuse_file_info* fi) {
   FileHandle* fh = file_of(fi);
-  Status st = client_of(req).write(fh->ino, fh->layout, static_cast<uint64_t>(off), data);
+  Status st = client_of(req).write(fh->ino, fh->layout, static_cast<uint64_t>(off), data, &fh->write_cursor);
   if (!st.is_ok()) return reply_status(req, st, "write", ino);
   fuse_reply_write(req, data.size());
 }
@@ -460,16 +462,18 @@ void op_write_buf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* in, off_t off, fu
 }
 
 void op_flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  reply_status(req, client_of(req).flush(file_of(fi)->ino), "flush", ino);
+  FileHandle* fh = file_of(fi);
+  reply_status(req, client_of(req).flush(fh->ino, &fh->write_cursor), "flush", ino);
 }
 
 void op_fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info* fi) {
-  reply_status(req, client_of(req).fsync(file_of(fi)->ino, file_of(fi)->layout), "fsync", ino);
+  FileHandle* fh = file_of(fi);
+  reply_status(req, client_of(req).fsync(fh->ino, fh->layout, &fh->write_cursor), "fsync", ino);
 }
 
 void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   std::unique_ptr<FileHandle> fh(file_of(fi));
-  Status st = client_of(req).release(fh->ino, fh->writable);
+  Status st = client_of(req).release(fh->ino, fh->writable, &fh->write_cursor);
   fh.reset();
   reply_status(req, st, "release", ino);
 }

@@ -833,7 +833,7 @@ void Client::wb_send_locked(InodeId ino, const std::shared_ptr<WbFile>& wf, std:
     if (st.is_ok()) return;
     PENSTOCK_LOG(Warn) << "write-behind of inode " << ino.to_string() << " at " << off << " (" << len
                        << " bytes) failed: " << st.to_string() << "; reported at the next write, close or fsync";
-    wf->error.record(st);
+    wf->error->record(st);
   };
   wf->inflight.emplace_back(off, off + len);
   PENSTOCK_LOG(Debug) << "write-behind send inode " << ino.to_string() << " [" << off << ", " << off + len << ")";
@@ -868,7 +868,7 @@ Status Client::wb_drain(InodeId ino) {
   std::unique_lock<std::mutex> lock(wf->mu);
   wb_send_locked(ino, wf, lock);
   wf->cv.wait(lock, [&] { return wf->inflight.empty(); });
-  return wf->error.peek();
+  return wf->error->check(nullptr, /*advance=*/false);
 }
 
 Status Client::wb_drain_overlap(InodeId ino, uint64_t offset, uint64_t length) {
@@ -892,13 +892,48 @@ void Client::wb_retire_if_idle(InodeId ino) {
   // finished send task, which would free the WbFile (and the mutex `g` holds) on its thread.
   const std::shared_ptr<WbFile> wf = it->second;
   std::lock_guard<std::mutex> g(wf->mu);
-  if (!wf->buf.empty() || !wf->inflight.empty() || wf->writers > 0 || !wf->error.peek().is_ok()) return;
+  if (!wf->buf.empty() || !wf->inflight.empty() || wf->writers > 0 || wf->error->unreported()) return;
   wf->retired = true;
   wb_files_.erase(it);
 }
 
-Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> bytes) {
+std::shared_ptr<WriteError> Client::error_record(InodeId ino) {
+  std::lock_guard<std::mutex> lock(errors_mu_);
+  std::weak_ptr<WriteError>& slot = errors_[ino];
+  if (auto live = slot.lock()) return live;
+  auto fresh = std::make_shared<WriteError>();
+  slot = fresh;
+  if (errors_.size() >= errors_sweep_at_) {
+    std::erase_if(errors_, [](const auto& e) { return e.second.expired(); });
+    errors_sweep_at_ = std::max<size_t>(64, 2 * errors_.size());
+  }
+  return fresh;
+}
+
+WriteCursor Client::write_cursor(InodeId ino) {
+  WriteCursor c;
+  c.errors = error_record(ino);
+  c.seen = c.errors->sample();
+  return c;
+}
+
+Status Client::take_write_error(InodeId ino, WriteCursor* cursor) {
+  if (cursor != nullptr && cursor->errors == nullptr) cursor = nullptr;  // a handle without one
+  std::shared_ptr<WriteError> rec;
+  if (cursor != nullptr) {
+    rec = cursor->errors;
+  } else if (auto wf = wb_find(ino); wf != nullptr) {
+    rec = wf->error;
+  }
+  if (rec == nullptr) return Status::ok();
+  Status err = rec->check(cursor, /*advance=*/true);
+  return err.is_ok() ? err : err.with_context("write-behind of inode " + ino.to_string());
+}
+
+Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> bytes,
+                     WriteCursor* cursor) {
   if (bytes.empty()) return Status::ok();
+  if (cursor != nullptr && cursor->errors == nullptr) cursor = nullptr;  // a handle without one
   {
     // A new write makes any flush that started before it stale (see flush()).
     std::lock_guard<std::mutex> lock(files_mu_);
@@ -916,14 +951,17 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
       {
         std::lock_guard<std::mutex> g(wb_mu_);
         auto& slot = wb_files_[ino];
-        if (slot == nullptr) slot = std::make_shared<WbFile>();
+        if (slot == nullptr) {
+          slot = std::make_shared<WbFile>();
+          slot->error = cursor != nullptr ? cursor->errors : error_record(ino);
+        }
         wf = slot;
       }
       lock = std::unique_lock<std::mutex>(wf->mu);
       if (!wf->retired) break;
       lock.unlock();
     }
-    if (Status err = wf->error.peek(); !err.is_ok()) {
+    if (Status err = wf->error->check(cursor, /*advance=*/false); !err.is_ok()) {
       lock.unlock();
       budget_->release_buffered(bytes.size());
       return err;
@@ -973,13 +1011,9 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
   return Status::ok();
 }
 
-Status Client::flush(InodeId ino) {
-  Status drained = wb_drain(ino);
-  if (auto wf = wb_find(ino); wf != nullptr) {
-    Status err = wf->error.take();
-    if (!err.is_ok()) return err.with_context("write-behind of inode " + ino.to_string());
-  }
-  (void)drained;
+Status Client::flush(InodeId ino, WriteCursor* cursor) {
+  (void)wb_drain(ino);  // its error is the record's, reported next
+  PENSTOCK_RETURN_IF_ERROR(take_write_error(ino, cursor));
   wb_retire_if_idle(ino);
   uint64_t written_end = 0;
   int64_t mtime = 0;
@@ -1005,8 +1039,9 @@ Status Client::flush(InodeId ino) {
   return Status::ok();
 }
 
-Status Client::fsync(InodeId ino, const proto::Layout& layout) {
-  PENSTOCK_RETURN_IF_ERROR(wb_drain(ino).with_context("write-behind of inode " + ino.to_string()));
+Status Client::fsync(InodeId ino, const proto::Layout& layout, WriteCursor* cursor) {
+  (void)wb_drain(ino);
+  PENSTOCK_RETURN_IF_ERROR(take_write_error(ino, cursor));
   // One Sync per target of every chain of the file, not only the chains this handle wrote: fsync
   // covers writes made through any descriptor, also ones already closed. Syncing a clean chunk
   // file costs no I/O on the data server.
@@ -1034,11 +1069,11 @@ Status Client::fsync(InodeId ino, const proto::Layout& layout) {
     rpc.call_async<data::Sync>(data::SyncReq{route.target, ino}, {},
                                [done = std::move(done)](Result<proto::Empty> r) { done(r.status()); });
   }));
-  return flush(ino);
+  return flush(ino, cursor);
 }
 
-Status Client::release(InodeId ino, bool flush_writes) {
-  Status flushed = flush_writes ? flush(ino) : Status::ok();
+Status Client::release(InodeId ino, bool flush_writes, WriteCursor* cursor) {
+  Status flushed = flush_writes ? flush(ino, cursor) : Status::ok();
   bool queued = false;
   {
     std::lock_guard<std::mutex> lock(rel_mu_);

@@ -14,13 +14,14 @@
 // read-ahead (StreamDetector) fetched by a small task pool; writes are gathered per file into
 // chunk-sized buffers sent asynchronously (write-behind) under one dirty-byte bound (DirtyBudget).
 // Reads drain overlapping buffered writes first; flush/fsync/truncate drain the file's buffers and
-// surface a remembered send error; own writes and truncates invalidate the overlapping cached
-// blocks; open drops blocks of an older generation.
+// surface a send error (to every open handle once, WriteError); own writes and truncates invalidate
+// the overlapping cached blocks; open drops blocks of an older generation.
 //
 // Thread-safety: every public method may be called from any number of threads at once. No lock is
 // held across an RPC (the one exception: a write racing shutdown() sends under its file's lock).
 // Lock order: wb_mu_ before a WbFile's mu; a WbFile's mu before the budget's and the pool's locks;
-// files_mu_, routes_mu_, data_mu_, opened_mu_ and the cache's lock are leaves (never nested).
+// files_mu_, routes_mu_, data_mu_, opened_mu_, errors_mu_ and the cache's lock are leaves (never
+// nested).
 #pragma once
 
 #include <atomic>
@@ -185,17 +186,23 @@ class Client {
                              std::span<uint8_t> scratch, ReadContext* ctx, ReadPieces* out);
   // Writes all of `data` at `offset`. With write-behind (dirty_limit > 0) the bytes are gathered
   // into per-file buffers sent asynchronously (blocking while the dirty bound is passed); an error
-  // of an earlier asynchronous send of this file is returned here, and at flush/fsync. Without it
-  // the bytes are on the data servers on return. Either way this client's reads and size see them.
-  Status write(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> data);
+  // of an earlier asynchronous send of this file that `cursor` has not reported yet is returned
+  // here (not marked reported), and at flush/fsync. Without it the bytes are on the data servers on
+  // return. Either way this client's reads and size see them. `cursor` is the writing handle's
+  // (write_cursor()); null, or one without a record: errors no handle reported yet.
+  Status write(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> data,
+               WriteCursor* cursor = nullptr);
+  // A new handle's position in the file's write errors (WriteError: Linux errseq semantics). Keep
+  // it for the handle's life and pass it to write, flush, fsync and release.
+  WriteCursor write_cursor(InodeId ino);
   // Sends this file's buffered writes, waits for every send, then reports the highest offset this
   // client wrote to `ino`, and the mtime, to the meta server (close-to-open: another host's open()
-  // then sees data and size). Returns (and forgets) a remembered asynchronous write error instead
-  // of reporting. Ok at once when nothing was written.
-  Status flush(InodeId ino);
+  // then sees data and size). Returns an asynchronous write error `cursor` has not reported yet
+  // (marking it reported) instead of reporting the size. Ok at once when nothing was written.
+  Status flush(InodeId ino, WriteCursor* cursor = nullptr);
   // Sends and waits for buffered writes, makes the file's data durable on every target of every
-  // chain of `layout` (Sync), then flush().
-  Status fsync(InodeId ino, const proto::Layout& layout);
+  // chain of `layout` (Sync), then flush(). A write error is reported as flush() reports it.
+  Status fsync(InodeId ino, const proto::Layout& layout, WriteCursor* cursor = nullptr);
   // Cache and write-behind counters (for logs and tests).
   CacheStats cache_stats() const { return cache_->stats(); }
   // Drops the caches between this client and the disks, for cold-cache benchmarks: this client's
@@ -211,7 +218,7 @@ class Client {
   // the meta server and returns flush()'s result: a background thread sends queued releases in
   // batches (ReleaseMany, within about 2 ms), so a close never waits for its release and many
   // closes share one RPC. shutdown() sends the rest.
-  Status release(InodeId ino, bool flush_writes = true);
+  Status release(InodeId ino, bool flush_writes = true, WriteCursor* cursor = nullptr);
   // Cuts the file to `size`: data Truncate on every target of every chain of its layout first, then
   // the meta size, then forgets this client's size knowledge. Returns the new attributes.
   // kIsDir on a directory, kInvalid on other non-regular files.
@@ -265,7 +272,7 @@ class Client {
     std::vector<std::pair<uint64_t, uint64_t>> inflight;  // [begin, end) being sent; guarded by mu
     bool retired = false;                                 // removed from wb_files_; guarded by mu
     int writers = 0;  // write() calls inside (they may wait, releasing mu): never retired then
-    WriteError error;
+    std::shared_ptr<WriteError> error;  // the file's (error_record()), shared with its handles
   };
   // The writes as before write-behind: all pieces in parallel, on the data servers on return.
   Status write_now(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> bytes);
@@ -281,8 +288,13 @@ class Client {
   Status wb_drain(InodeId ino);
   // wb_drain() when buffered or in-flight bytes overlap [offset, offset + length).
   Status wb_drain_overlap(InodeId ino, uint64_t offset, uint64_t length);
-  // Forgets the file's write-behind record when it is idle (after a flush).
+  // Forgets the file's write-behind record when it is idle (after a flush) and no error of it is
+  // left unreported (handles keep the error record itself alive).
   void wb_retire_if_idle(InodeId ino);
+  // The file's one error record: the live one a handle or a WbFile holds, or a new one.
+  std::shared_ptr<WriteError> error_record(InodeId ino);
+  // Reports the write error `cursor` has not seen (null: one no handle reported), marking it.
+  Status take_write_error(InodeId ino, WriteCursor* cursor);
   Result<proto::InodeAttr> merged(Result<proto::meta::AttrResp> r);
 
   const ClientOptions options_;
@@ -332,6 +344,9 @@ class Client {
   std::unique_ptr<DirtyBudget> budget_;  // null: write-behind off
   std::mutex wb_mu_;  // may be held while taking a WbFile's mu (wb_retire_if_idle), never the reverse
   std::unordered_map<InodeId, std::shared_ptr<WbFile>> wb_files_;  // guarded by wb_mu_
+  std::mutex errors_mu_;  // leaf lock
+  std::unordered_map<InodeId, std::weak_ptr<WriteError>> errors_;  // guarded by errors_mu_
+  size_t errors_sweep_at_ = 64;                                    // guarded by errors_mu_
   std::unique_ptr<TaskPool> pool_;
 };
 

@@ -53,19 +53,30 @@ uint64_t DirtyBudget::waits() const {
 void WriteError::record(const Status& st) {
   if (st.is_ok()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (first_.is_ok()) first_ = st;
+  latest_ = st;
+  ++seq_;
+  reported_ = false;
 }
 
-Status WriteError::peek() const {
+uint64_t WriteError::sample() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return first_;
+  return reported_ && seq_ > 0 ? seq_ : 0;
 }
 
-Status WriteError::take() {
+Status WriteError::check(WriteCursor* cursor, bool advance) {
   std::lock_guard<std::mutex> lock(mu_);
-  Status st = std::move(first_);
-  first_ = Status::ok();
-  return st;
+  const bool news = cursor != nullptr ? cursor->seen < seq_ : !reported_;
+  if (!news) return Status::ok();
+  if (advance) {
+    if (cursor != nullptr) cursor->seen = seq_;
+    reported_ = true;
+  }
+  return latest_;
+}
+
+bool WriteError::unreported() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !reported_;
 }
 
 TaskPool::TaskPool(int threads) {

@@ -1,6 +1,6 @@
 // Building blocks of the client's write-behind (Client::write): DirtyBudget, the bound on the bytes
 // a client holds that are not yet on the data servers (buffered or in flight), with back-pressure;
-// WriteError, the first asynchronous write error of a file, kept until it is reported; and
+// WriteError, a file's asynchronous write errors, reported to each open handle once; and
 // TaskPool, the few threads that send full buffers and read-ahead fetches while the caller goes on.
 // Thread-safety: every class here is safe to use from any number of threads.
 #pragma once
@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -46,17 +47,39 @@ class DirtyBudget {
   uint64_t waits_ = 0;      // guarded by mu_
 };
 
-// The first error of a file's asynchronous writes. record() keeps the first; peek() reads it for
-// the next write(); take() reports it once (flush/fsync) and clears it.
+// The asynchronous write errors of one file, reported the way Linux reports writeback errors
+// (errseq_t): every handle open when a send fails learns of it once, at its next write, flush or
+// fsync, whichever handle's writes failed; a handle opened later learns of it only if no handle
+// has yet. A handle's position is a WriteCursor; callers without handles (the library API used
+// directly) share one "reported" mark instead: the first flush after a failure reports it.
+// record() keeps the latest error (as Linux does: it is the one that describes the state now).
+class WriteError;
+
+// One open handle's view of its file's write errors. Created by Client::write_cursor() at open;
+// the file's error record lives as long as a cursor or a pending send holds it.
+struct WriteCursor {
+  std::shared_ptr<WriteError> errors;
+  uint64_t seen = 0;  // sequence of the last error this handle reported; guarded by errors' lock
+};
+
 class WriteError {
  public:
   void record(const Status& st);
-  Status peek() const;
-  Status take();
+  // Where a handle opened now starts: before the latest error if nobody reported it yet (so the
+  // new handle reports it), after it otherwise.
+  uint64_t sample() const;
+  // The latest error recorded after the cursor's position, or ok. `advance` marks it reported:
+  // the cursor moves past it (a write() peeks, a flush or fsync advances). A null cursor reads
+  // the shared mark: an error no handle has reported yet.
+  Status check(WriteCursor* cursor, bool advance);
+  // True when an error was recorded that no handle (and no cursor-less flush) reported yet.
+  bool unreported() const;
 
  private:
   mutable std::mutex mu_;  // leaf lock
-  Status first_;           // guarded by mu_
+  Status latest_;          // guarded by mu_
+  uint64_t seq_ = 0;       // errors recorded so far; guarded by mu_
+  bool reported_ = true;   // the latest error reached some handle; guarded by mu_
 };
 
 // A fixed set of worker threads running queued tasks in FIFO order. stop() runs what is queued,

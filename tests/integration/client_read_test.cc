@@ -241,6 +241,26 @@ TEST_F(ClientReadTest, ReadOnlyReleaseLeavesTheWriteErrorToTheWriter) {
 }
 
 
+// Linux errseq semantics across handles: a send that fails is reported by every handle open at the
+// time (not only by the one whose close came first), each once; a handle opened after it was
+// reported does not see it.
+TEST_F(ClientReadTest, AWriteErrorReachesEveryHandleOpenAtTheFailureOnce) {
+  const proto::Caller root{0, 0};
+  auto attr = client_->create(InodeId{1}, "shared", S_IFREG | 0644, root);
+  ASSERT_TRUE(attr.has_value()) << attr.error().to_string();
+  client::WriteCursor a = client_->write_cursor(attr->ino);
+  client::WriteCursor b = client_->write_cursor(attr->ino);
+  cluster_.stop_data_servers();
+  const std::vector<uint8_t> data = testing::seeded_bytes(1u << 20, 9);
+  ASSERT_TRUE(client_->write(attr->ino, attr->layout, 0, data, &a).is_ok()) << "expected a buffered write";
+  EXPECT_FALSE(client_->flush(attr->ino, &b).is_ok()) << "b was open when a's bytes were lost";
+  client::WriteCursor c = client_->write_cursor(attr->ino);  // opened after b reported it
+  EXPECT_FALSE(client_->flush(attr->ino, &a).is_ok()) << "the writer's own close must report it too";
+  EXPECT_TRUE(client_->flush(attr->ino, &a).is_ok()) << "reported twice to one handle";
+  EXPECT_TRUE(client_->flush(attr->ino, &c).is_ok()) << "reported to a handle opened afterwards";
+  EXPECT_TRUE(client_->flush(attr->ino).is_ok()) << "reported again to a caller without a handle";
+}
+
 // security.capability, which the kernel asks for before every write(): its absence is remembered
 // for the ttl (a second host's setcap shows after it), this client's own set is seen at once, and
 // other names are never remembered.

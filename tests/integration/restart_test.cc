@@ -324,5 +324,35 @@ TEST_F(RestartTest, AcknowledgedMutationsSurviveKill9OfMeta) {
   EXPECT_EQ(std::string(buf, 6), "synced");
 }
 
+// Through the mount: when the data servers are gone, a write that was buffered (write-behind)
+// fails at close for every descriptor that was open at the time, also one that wrote nothing,
+// and not for one opened after the failure was reported (Linux's writeback-error semantics).
+TEST_F(RestartTest, LostWriteIsReportedAtCloseOfEveryDescriptorOpenAtTheTime) {
+  const std::string file = p("lost-write");
+  const int writer = open(file.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0644);
+  ASSERT_GE(writer, 0) << errno_name(errno);
+  const int other = open(file.c_str(), O_WRONLY);
+  ASSERT_GE(other, 0) << errno_name(errno);
+  for (const char* role : {"data1", "data2", "data3"}) {
+    const pid_t pid = cluster_->pid_of(role);
+    ASSERT_GT(pid, 0) << "no pid recorded for " << role;
+    ASSERT_EQ(kill(pid, SIGKILL), 0) << role << ": " << errno_name(errno);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!process_gone(pid) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_TRUE(process_gone(pid)) << role << " survived SIGKILL";
+  }
+  const std::string data = pattern(1 << 20, 0, 5);
+  ASSERT_EQ(write(writer, data.data(), data.size()), static_cast<ssize_t>(data.size()))
+      << "expected the write to be buffered: " << errno_name(errno);
+  EXPECT_EQ(close(other), -1) << "the other descriptor was open when the bytes were lost";
+  const int later = open(file.c_str(), O_WRONLY);
+  ASSERT_GE(later, 0) << errno_name(errno);
+  EXPECT_EQ(close(writer), -1) << "the writer's own close must report it too";
+  EXPECT_EQ(close(later), 0) << "opened after the failure was reported: " << errno_name(errno);
+  ASSERT_TRUE(cluster_->restart());
+}
+
 }  // namespace
 }  // namespace penstock::testing

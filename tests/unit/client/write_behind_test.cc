@@ -78,18 +78,43 @@ TEST(DirtyBudget, ManyWritersNeverHoldMoreThanTheLimitWhileSendsRun) {
   EXPECT_EQ(b.used(), 0u);
 }
 
-TEST(WriteError, FirstErrorIsKeptPeekedAndTakenOnce) {
+TEST(WriteError, WithoutHandlesTheLatestErrorIsPeekedThenReportedOnce) {
   WriteError e;
-  EXPECT_TRUE(e.peek().is_ok());
+  EXPECT_TRUE(e.check(nullptr, false).is_ok());
   e.record(Status::ok());
-  EXPECT_TRUE(e.peek().is_ok());
+  EXPECT_TRUE(e.check(nullptr, false).is_ok());
+  EXPECT_FALSE(e.unreported());
   e.record(Status(Code::kNoSpace, "target full"));
   e.record(Status(Code::kIo, "later"));
-  EXPECT_EQ(e.peek().code(), Code::kNoSpace);  // the next write sees it
-  EXPECT_EQ(e.peek().code(), Code::kNoSpace);  // and still flush/fsync
-  EXPECT_EQ(e.take().code(), Code::kNoSpace);  // reported once
-  EXPECT_TRUE(e.take().is_ok());
-  EXPECT_TRUE(e.peek().is_ok());
+  EXPECT_TRUE(e.unreported());
+  EXPECT_EQ(e.check(nullptr, false).code(), Code::kIo);  // the next write sees it (the latest)
+  EXPECT_EQ(e.check(nullptr, false).code(), Code::kIo);  // and still flush/fsync
+  EXPECT_EQ(e.check(nullptr, true).code(), Code::kIo);   // reported once
+  EXPECT_TRUE(e.check(nullptr, true).is_ok());
+  EXPECT_FALSE(e.unreported());
+}
+
+// Linux errseq_t semantics: every handle open at the failure reports it once; a handle opened after
+// someone reported it does not; one opened before anyone did does.
+TEST(WriteError, EveryHandleOpenAtTheFailureReportsItOnce) {
+  auto e = std::make_shared<WriteError>();
+  WriteCursor a{e, e->sample()};
+  WriteCursor b{e, e->sample()};
+  EXPECT_TRUE(e->check(&a, true).is_ok());
+  e->record(Status(Code::kNoSpace, "target full"));
+  WriteCursor c{e, e->sample()};  // opened before anyone reported it
+  EXPECT_EQ(e->check(&a, false).code(), Code::kNoSpace);  // a write peeks
+  EXPECT_EQ(e->check(&a, true).code(), Code::kNoSpace);   // a's close reports it
+  EXPECT_TRUE(e->check(&a, true).is_ok());                // once
+  WriteCursor d{e, e->sample()};                          // opened after a reported it
+  EXPECT_EQ(e->check(&b, true).code(), Code::kNoSpace);   // b was open at the failure
+  EXPECT_EQ(e->check(&c, true).code(), Code::kNoSpace);
+  EXPECT_TRUE(e->check(&d, true).is_ok());
+  EXPECT_FALSE(e->unreported());
+  e->record(Status(Code::kIo, "again"));  // a second failure reaches every handle again
+  EXPECT_TRUE(e->unreported());
+  for (WriteCursor* h : {&a, &b, &c, &d}) EXPECT_EQ(e->check(h, true).code(), Code::kIo);
+  EXPECT_FALSE(e->unreported());
 }
 
 TEST(TaskPool, RunsEveryTaskAndStopDrainsTheQueue) {
