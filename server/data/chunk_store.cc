@@ -76,14 +76,16 @@ uint64_t cached_pages(int fd) {
   return n;
 }
 
-// The names in `dir` but "." and ".." (and other dot-names); std::nullopt, with errno set, when it
-// cannot be opened.
-std::optional<std::vector<std::string>> entry_names(const std::string& dir) {
+// The names in `dir` but "." and "..", and but every other dot-name too unless `all`; std::nullopt,
+// with errno set, when it cannot be opened.
+std::optional<std::vector<std::string>> entry_names(const std::string& dir, bool all = false) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return std::nullopt;
   std::vector<std::string> names;
   while (dirent* e = ::readdir(d)) {
-    if (e->d_name[0] != '.') names.emplace_back(e->d_name);
+    const std::string_view name(e->d_name);
+    if (name == "." || name == ".." || (!all && name.front() == '.')) continue;
+    names.emplace_back(name);
   }
   ::closedir(d);
   return names;
@@ -755,18 +757,12 @@ Status ChunkStore::remove(InodeId ino) {
   auto inode_guard = inode_locks_.lock(ino.value);
   forget_inode(ino);  // before the unlinks: a cached descriptor would keep a removed file alive
   std::string dir = target_->inode_dir(ino);
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) {
+  std::optional<std::vector<std::string>> names = entry_names(dir, /*all=*/true);  // rmdir needs all gone
+  if (!names.has_value()) {
     if (errno == ENOENT) return Status::ok();
     return errno_error(errno, "cannot list " + dir);
   }
-  std::vector<std::string> names;
-  while (dirent* e = ::readdir(d)) {
-    std::string name(e->d_name);
-    if (name != "." && name != "..") names.push_back(std::move(name));
-  }
-  ::closedir(d);
-  for (const auto& name : names) {
+  for (const auto& name : *names) {
     std::string path = dir + "/" + name;
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) return errno_error(errno, "cannot remove " + path);
   }
