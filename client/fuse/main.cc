@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
   }
   auto size_flag = [](const std::string& text, const char* flag, uint64_t* out) {
     if (text.empty()) return;
-    auto v = penstock::fuse::parse_byte_size(text);
+    auto v = penstock::parse_byte_size(text);
     if (!v.has_value()) die(std::string(flag) + ": " + v.error().message());
     *out = *v;
   };

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/base/byte_size.h"  // parse_byte_size, for the size options
 #include "common/base/result.h"
 #include "common/base/status.h"
 
@@ -54,10 +55,6 @@ struct MountSettings {
 // nouser, users, nofail, _netdev, allow_other, default_permissions, x-* (systemd). kInvalid names
 // an unknown option or a bad value.
 Status apply_mount_options(std::string_view list, MountSettings* s);
-
-// Parses a byte size: digits with an optional K, M, G or T suffix (powers of 1024; "KiB" etc.
-// too). kInvalid otherwise, or on overflow.
-Result<uint64_t> parse_byte_size(std::string_view text);
 
 // kInvalid unless `bytes` is a valid kernel_readahead value (whole KiB, at most 1 GiB; 0 = keep
 // the kernel default). `what` names the option in the message.

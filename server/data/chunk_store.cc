@@ -312,20 +312,26 @@ bool probe_direct(const std::string& dir, std::string* why) {
 
 ChunkStore::ChunkStore(std::shared_ptr<Target> target, ChunkStoreOptions options)
     : target_(std::move(target)), options_(options) {
-  if (options_.direct_io) {
+  if (options_.direct_io || options_.direct_write_min > 0) {
     std::string why;
     if (probe_direct(target_->path(), &why)) {
       direct_ = true;
     } else {
       direct_warned_ = true;
       PENSTOCK_LOG(Warn) << "target " << target_->path() << " refuses O_DIRECT (" << why
-                         << "; tmpfs does): --direct-io is off for it and chunk data goes through the page cache. "
+                         << "; tmpfs does): direct I/O is off for it and chunk data goes through the page cache. "
                          << "Put the target on ext4 or xfs for direct I/O";
     }
   }
 }
 
 ChunkStore::~ChunkStore() = default;
+
+bool ChunkStore::reads_direct(const ChunkFile& file) const {
+  // Under direct_write_min alone a file may hold an O_DIRECT descriptor for its large writes; its
+  // reads still come from the page cache (and may be spliced).
+  return options_.direct_io && file.direct.get() >= 0;
+}
 
 void ChunkStore::open_direct(ChunkFile& file, const std::string& path) {
   if (!direct_.load() || file.direct.get() >= 0) return;
@@ -353,7 +359,7 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::acquire(InodeId ino, uint64_t chu
     }
   }
   PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file, open_chunk_file(*target_, ino, chunk_index));
-  open_direct(*file, target_->chunk_path(ino, chunk_index));
+  if (options_.direct_io) open_direct(*file, target_->chunk_path(ino, chunk_index));
   remember(ino, chunk_index, file);
   return file;
 }
@@ -424,7 +430,10 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
   }
   if (!file.has_value()) return file.error();
   const std::string path = target_->chunk_path(ino, chunk_index);
-  if (created) open_direct(**file, path);
+  // Under the exclusive chunk lock: no reader of this chunk looks at the descriptors meanwhile.
+  const bool direct_write =
+      options_.direct_io || (options_.direct_write_min > 0 && data.size() >= options_.direct_write_min);
+  if (direct_write) open_direct(**file, path);
   PENSTOCK_ASSIGN_OR_RETURN(OpenChunk c, with_length(*target_, ino, chunk_index, *file));
   PENSTOCK_RETURN_IF_ERROR(check_chunk_size(c, ino, chunk_index, chunk_size));
   const int fd = c.fd();
@@ -524,7 +533,7 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
 
   const IoOp table_write =
       IoOp::write(fd, c.header().table_offset + first_b * kTableEntrySize, {std::span<const uint8_t>(new_table)});
-  if (c.file->direct.get() < 0) {
+  if (!direct_write || c.file->direct.get() < 0) {
     // Table before data, linked in one submit: until the data lands the old bytes match `previous`.
     IoOp ops[2] = {table_write, IoOp::write(fd, c.header().data_offset + off, {data})};
     st = run_io(ops, true);
@@ -590,7 +599,7 @@ Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(Inode
   UnreadRange r;
   if (file == nullptr || offset >= chunk_len || length == 0) return std::optional<UnreadRange>(std::move(r));  // a hole
   // The receiver can verify only whole blocks; O_DIRECT data is not in the page cache to send.
-  if (file->direct.get() >= 0 || offset % kB != 0) return std::optional<UnreadRange>();
+  if (reads_direct(*file) || offset % kB != 0) return std::optional<UnreadRange>();
   const uint64_t n = std::min<uint64_t>(length, chunk_len - offset);
   if ((offset + n) % kB != 0 && offset + n != chunk_len) return std::optional<UnreadRange>();
   const OpenChunk c{file, chunk_len};
@@ -635,7 +644,7 @@ Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t ch
   std::vector<uint8_t> table(nb * kTableEntrySize);
   std::span<uint8_t> body = out.first(n);
 
-  if (c.file->direct.get() >= 0) {
+  if (reads_direct(*c.file)) {
     // O_DIRECT: whole blocks into the aligned buffer, a partial last block of the chunk through the
     // buffered descriptor (an aligned read would stop short at the end of the file), verify, copy.
     const uint64_t direct_end = round_down(span_end);

@@ -14,8 +14,10 @@
 // With ChunkStoreOptions::direct_io, chunk data moves with O_DIRECT through a 4 KiB-aligned
 // per-thread buffer (the header and checksum table stay buffered: they are small and not aligned);
 // the partial last block of a chunk goes through the buffered descriptor, because an O_DIRECT write
-// would round the file size up. A target whose file system refuses O_DIRECT (tmpfs) logs a warning
-// once and runs buffered.
+// would round the file size up. With direct_write_min, only writes at least that large take the
+// O_DIRECT path (a checkpoint's streaming writes, which fsync follows: the disk write overlaps the
+// transfer and nothing is left dirty), while small writes and every read use the page cache. A
+// target whose file system refuses O_DIRECT (tmpfs) logs a warning once and runs buffered.
 //
 // Thread-safety: every method may be called from any thread at once. Locks, in this order:
 //   inode lock   shared by write/read/sync of one inode, exclusive for truncate and remove
@@ -46,8 +48,11 @@ namespace penstock::data {
 struct ChunkStoreOptions {
   // Open chunk files kept (LRU); 0 opens and closes the file on every request. Fixed at start.
   size_t fd_cache = 1024;
-  // O_DIRECT for chunk data I/O (off: through the page cache). Fixed at start.
+  // O_DIRECT for all chunk data I/O (off: through the page cache). Fixed at start.
   bool direct_io = false;
+  // Writes of at least this many bytes move their data with O_DIRECT even when direct_io is off;
+  // smaller writes and all reads stay buffered. 0: never. Fixed at start.
+  uint32_t direct_write_min = 0;
 };
 
 class ChunkStore {
@@ -122,8 +127,10 @@ class ChunkStore {
 
   // Entries in the open-file cache (tests).
   size_t cached_files() const;
-  // Whether data I/O really uses O_DIRECT (false when off or refused by the file system).
-  bool direct_io_active() const { return direct_.load(); }
+  // Whether all data I/O really uses O_DIRECT (direct_io on and not refused by the file system).
+  bool direct_io_active() const { return options_.direct_io && direct_.load(); }
+  // Whether writes of direct_write_min bytes or more really use O_DIRECT (also under direct_io).
+  bool direct_writes_active() const { return (options_.direct_io || options_.direct_write_min > 0) && direct_.load(); }
 
   struct ChunkFile;  // an open chunk file (chunk_store.cc)
 
@@ -151,6 +158,8 @@ class ChunkStore {
   // Opens the O_DIRECT descriptor of `file` when direct I/O is on; turns it off (once, logged) when
   // the file system refuses it.
   void open_direct(ChunkFile& file, const std::string& path);
+  // Whether reads of `file` go through its O_DIRECT descriptor (direct_io mode only).
+  bool reads_direct(const ChunkFile& file) const;
 
   std::shared_ptr<Target> target_;
   const ChunkStoreOptions options_;

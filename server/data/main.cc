@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/base/byte_size.h"
 #include "common/base/log.h"
 #include "server/daemon/daemon.h"
 #include "server/data/data_server.h"
@@ -22,7 +23,7 @@ int fail(const std::string& what) {
 
 // Raises the open-file limit to its hard maximum and returns how many cached chunk files per
 // target fit in half of it (the rest stays for sockets, syncs and the other targets' churn).
-size_t fit_fd_cache(size_t wanted, size_t targets, bool direct_io) {
+size_t fit_fd_cache(size_t wanted, size_t targets, bool two_descriptors) {
   rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return wanted;
   if (rl.rlim_cur < rl.rlim_max) {
@@ -31,7 +32,7 @@ size_t fit_fd_cache(size_t wanted, size_t targets, bool direct_io) {
     if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
   }
   if (rl.rlim_cur == RLIM_INFINITY) return wanted;
-  const size_t per_entry = direct_io ? 2 : 1;
+  const size_t per_entry = two_descriptors ? 2 : 1;
   const size_t fit = static_cast<size_t>(rl.rlim_cur) / 2 / per_entry / std::max<size_t>(1, targets);
   if (wanted <= fit) return wanted;
   PENSTOCK_LOG(Warn) << "--fd-cache " << wanted << " with " << targets << " target(s) would pass half the open-file "
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
   int workers = 8;
   size_t fd_cache = 1024;
   bool direct_io = false;
+  std::string direct_write_min = "1M";
   app.set_config("--config", "", "TOML file with any of the options below (keys without the dashes, e.g. "
                                  "target = [\"/nvme0/penstock\"]); command-line flags win");
   app.add_option("--listen", listen,
@@ -75,12 +77,17 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   app.add_option("--fd-cache", fd_cache,
                  "open chunk files kept per target (LRU), so requests skip open/close; 0 turns it off. "
-                 "Each costs one descriptor (two with --direct-io): keep it under the open-file limit "
+                 "Each costs one descriptor (two with direct I/O): keep it under the open-file limit "
                  "(default 1024)")
       ->check(CLI::Range(size_t{0}, size_t{1} << 20));
   app.add_flag("--direct-io", direct_io,
                "move chunk data with O_DIRECT, bypassing the page cache (default off; a target on a file "
                "system without O_DIRECT, e.g. tmpfs, logs a warning and stays buffered)");
+  app.add_option("--direct-write-min", direct_write_min,
+                 "writes of at least this size (K/M/G suffixes, powers of 1024) move their data with "
+                 "O_DIRECT while smaller writes and all reads use the page cache: a checkpoint's streaming "
+                 "writes reach the disk as they arrive instead of waiting for fsync, and leave nothing "
+                 "dirty; 0 turns it off (default 1M)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -104,8 +111,14 @@ int main(int argc, char** argv) {
   options.targets = targets;
   options.heartbeat = std::chrono::milliseconds(heartbeat_ms);
   options.workers = workers;
-  options.store.fd_cache = fit_fd_cache(fd_cache, targets.size(), direct_io);
+  auto write_min = parse_byte_size(direct_write_min);
+  if (!write_min.has_value()) return fail("--direct-write-min: " + write_min.error().message());
+  if (*write_min > (uint64_t{1} << 30)) {
+    return fail("--direct-write-min " + direct_write_min + " is larger than any write (at most 1G; 0 turns it off)");
+  }
+  options.store.fd_cache = fit_fd_cache(fd_cache, targets.size(), direct_io || *write_min > 0);
   options.store.direct_io = direct_io;
+  options.store.direct_write_min = static_cast<uint32_t>(*write_min);
 
   // Before any thread starts, so that every thread inherits the blocked signal mask.
   daemon::block_termination_signals();
