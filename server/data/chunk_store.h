@@ -45,6 +45,10 @@
 
 namespace penstock::data {
 
+// penstock-data's default for ChunkStoreOptions::direct_write_min (--direct-write-min): a
+// checkpoint's chunk-sized writes go direct, small files and partial updates stay buffered.
+inline constexpr uint32_t kDefaultDirectWriteMin = 1u << 20;
+
 struct ChunkStoreOptions {
   // Open chunk files kept (LRU); 0 opens and closes the file on every request. Fixed at start.
   size_t fd_cache = 1024;

@@ -42,7 +42,8 @@ struct DataServerOptions {
   std::chrono::milliseconds meta_timeout{5000};  // per RegisterNode / NodeHeartbeat call
   // RDMA listener beside TCP, same host and port number: kAuto when this host has an RDMA device.
   rpc::RdmaMode rdma = rpc::RdmaMode::kAuto;
-  ChunkStoreOptions store;  // open-file cache size and O_DIRECT, for every target
+  // Open-file cache size and O_DIRECT, for every target; large writes direct as in the daemon.
+  ChunkStoreOptions store{.direct_write_min = kDefaultDirectWriteMin};
 };
 
 class DataServer {

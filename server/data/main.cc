@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   int workers = 8;
   size_t fd_cache = 1024;
   bool direct_io = false;
-  std::string direct_write_min = "1M";
+  std::string direct_write_min = std::to_string(data::kDefaultDirectWriteMin);
   app.set_config("--config", "", "TOML file with any of the options below (keys without the dashes, e.g. "
                                  "target = [\"/nvme0/penstock\"]); command-line flags win");
   app.add_option("--listen", listen,
