@@ -357,7 +357,8 @@ void reply_open_handle(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<FileH
   if (raw->writable) raw->write_cursor = client_of(req).write_cursor(raw->ino);
   const int rc = e != nullptr ? fuse_reply_create(req, e, fi) : fuse_reply_open(req, fi);
   if (rc != 0) {
-    Status st = client_of(req).release(raw->ino);
+    // It wrote nothing: no flush, which would also mark another handle's write error reported.
+    Status st = client_of(req).release(raw->ino, /*flush_writes=*/false);
     if (!st.is_ok()) {
       PENSTOCK_LOG(Warn) << "release after an interrupted open: " << st.to_string();
     }

@@ -1013,8 +1013,9 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
 
 Status Client::flush(InodeId ino, WriteCursor* cursor) {
   (void)wb_drain(ino);  // its error is the record's, reported next
-  PENSTOCK_RETURN_IF_ERROR(take_write_error(ino, cursor));
-  wb_retire_if_idle(ino);
+  Status err = take_write_error(ino, cursor);
+  wb_retire_if_idle(ino);  // also after reporting an error: the handles keep the record itself
+  if (!err.is_ok()) return err;
   uint64_t written_end = 0;
   int64_t mtime = 0;
   uint64_t seq = 0;

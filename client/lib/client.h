@@ -20,8 +20,9 @@
 // Thread-safety: every public method may be called from any number of threads at once. No lock is
 // held across an RPC (the one exception: a write racing shutdown() sends under its file's lock).
 // Lock order: wb_mu_ before a WbFile's mu; a WbFile's mu before the budget's and the pool's locks;
-// files_mu_, routes_mu_, data_mu_, opened_mu_, errors_mu_ and the cache's lock are leaves (never
-// nested).
+// files_mu_, routes_mu_, data_mu_, opened_mu_, errors_mu_ and the cache's lock are leaves: nothing
+// is taken while one is held (errors_mu_ itself may be taken under wb_mu_, when write() makes a
+// file's write-behind record).
 #pragma once
 
 #include <atomic>
@@ -187,7 +188,8 @@ class Client {
   // Writes all of `data` at `offset`. With write-behind (dirty_limit > 0) the bytes are gathered
   // into per-file buffers sent asynchronously (blocking while the dirty bound is passed); an error
   // of an earlier asynchronous send of this file that `cursor` has not reported yet is returned
-  // here (not marked reported), and at flush/fsync. Without it the bytes are on the data servers on
+  // here, by every write of that handle until its flush or fsync reports it (a write does not mark
+  // it reported: close and fsync must still return it). Without it the bytes are on the data servers on
   // return. Either way this client's reads and size see them. `cursor` is the writing handle's
   // (write_cursor()); null, or one without a record: errors no handle reported yet.
   Status write(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> data,

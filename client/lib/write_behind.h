@@ -56,7 +56,8 @@ class DirtyBudget {
 class WriteError;
 
 // One open handle's view of its file's write errors. Created by Client::write_cursor() at open;
-// the file's error record lives as long as a cursor or a pending send holds it.
+// the file's error record lives as long as a cursor or the file's write-behind record (which also
+// stays while an error of it is unreported) holds it.
 struct WriteCursor {
   std::shared_ptr<WriteError> errors;
   uint64_t seen = 0;  // sequence of the last error this handle reported; guarded by errors' lock
