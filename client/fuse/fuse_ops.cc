@@ -65,7 +65,7 @@ struct FileHandle {
   std::atomic<uint64_t> size_hint{0};  // the size known at open (or after our own truncate)
   bool keep_cache = false;             // the kernel may keep its pages (see kKeepCacheWhenUnchanged)
   bool writable = true;                // opened for writing: its close flushes (kNoFlushForReadOnly)
-  client::WriteCursor write_cursor;    // a writable handle's place in the file's write errors
+  client::WriteCursor write_cursor;    // this handle's place in the file's write errors
   std::unique_ptr<client::ReadContext> read_ctx;  // cache generation and read-ahead streams
 };
 
@@ -354,7 +354,9 @@ void reply_open_handle(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<FileH
   fi->direct_io = static_cast<MountState*>(fuse_req_userdata(req))->direct_io ? 1 : 0;
   raw->writable = !kNoFlushForReadOnly || (fi->flags & O_ACCMODE) != O_RDONLY;
   fi->noflush = raw->writable ? 0 : 1;
-  if (raw->writable) raw->write_cursor = client_of(req).write_cursor(raw->ino);
+  // Every handle, read-only ones too: as on Linux, fsync of any descriptor reports a write error
+  // that happened since it was opened (a read-only one only there: it gets no FLUSH).
+  raw->write_cursor = client_of(req).write_cursor(raw->ino);
   const int rc = e != nullptr ? fuse_reply_create(req, e, fi) : fuse_reply_open(req, fi);
   if (rc != 0) {
     // It wrote nothing: no flush, which would also mark another handle's write error reported.
