@@ -583,6 +583,8 @@ uint32_t block_length(uint64_t bs, uint64_t block_off, uint64_t size) {
   return static_cast<uint32_t>(std::clamp<uint64_t>(pages, 4096, bs));
 }
 bool overlaps(uint64_t a, uint64_t a_end, uint64_t b, uint64_t b_end) { return a < b_end && b < a_end; }
+// A cursor without a record (a default-constructed one) means the same as none.
+WriteCursor* usable(WriteCursor* cursor) { return cursor != nullptr && cursor->errors != nullptr ? cursor : nullptr; }
 // Reads of a range whose bytes fail their checksums at the client: the last one is verified by
 // the data server instead (its kCorrupt is the verdict), so this is never exceeded.
 constexpr int kVerifiedReadAttempts = 3;
@@ -918,7 +920,7 @@ WriteCursor Client::write_cursor(InodeId ino) {
 }
 
 Status Client::take_write_error(InodeId ino, WriteCursor* cursor) {
-  if (cursor != nullptr && cursor->errors == nullptr) cursor = nullptr;  // a handle without one
+  cursor = usable(cursor);
   std::shared_ptr<WriteError> rec;
   if (cursor != nullptr) {
     rec = cursor->errors;
@@ -933,7 +935,7 @@ Status Client::take_write_error(InodeId ino, WriteCursor* cursor) {
 Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> bytes,
                      WriteCursor* cursor) {
   if (bytes.empty()) return Status::ok();
-  if (cursor != nullptr && cursor->errors == nullptr) cursor = nullptr;  // a handle without one
+  cursor = usable(cursor);
   {
     // A new write makes any flush that started before it stale (see flush()).
     std::lock_guard<std::mutex> lock(files_mu_);

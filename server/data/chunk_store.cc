@@ -310,9 +310,16 @@ bool probe_direct(const std::string& dir, std::string* why) {
 
 }  // namespace
 
+std::string ChunkStoreOptions::describe_io() const {
+  if (direct_io) return "O_DIRECT for all chunk data";
+  if (direct_write_min == 0) return "the page cache for all chunk data";
+  return "O_DIRECT for writes of " + std::to_string(direct_write_min) +
+         " bytes or more, the page cache for smaller writes and all reads";
+}
+
 ChunkStore::ChunkStore(std::shared_ptr<Target> target, ChunkStoreOptions options)
     : target_(std::move(target)), options_(options) {
-  if (options_.direct_io || options_.direct_write_min > 0) {
+  if (options_.any_direct()) {
     std::string why;
     if (probe_direct(target_->path(), &why)) {
       direct_ = true;

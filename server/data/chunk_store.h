@@ -35,6 +35,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -57,6 +58,11 @@ struct ChunkStoreOptions {
   // Writes of at least this many bytes move their data with O_DIRECT even when direct_io is off;
   // smaller writes and all reads stay buffered. 0: never. Fixed at start.
   uint32_t direct_write_min = 0;
+
+  // Whether some chunk data may move with O_DIRECT (each cached file then may hold two descriptors).
+  bool any_direct() const { return direct_io || direct_write_min > 0; }
+  // The I/O mode in words, for logs.
+  std::string describe_io() const;
 };
 
 class ChunkStore {
@@ -134,7 +140,7 @@ class ChunkStore {
   // Whether all data I/O really uses O_DIRECT (direct_io on and not refused by the file system).
   bool direct_io_active() const { return options_.direct_io && direct_.load(); }
   // Whether writes of direct_write_min bytes or more really use O_DIRECT (also under direct_io).
-  bool direct_writes_active() const { return (options_.direct_io || options_.direct_write_min > 0) && direct_.load(); }
+  bool direct_writes_active() const { return options_.any_direct() && direct_.load(); }
 
   struct ChunkFile;  // an open chunk file (chunk_store.cc)
 

@@ -116,14 +116,8 @@ Status DataServer::start() {
     stopping_ = false;
   }
   meta_thread_ = std::thread([this] { meta_loop(); });
-  const std::string io_mode =
-      options_.store.direct_io ? "O_DIRECT for all chunk data"
-      : options_.store.direct_write_min > 0
-          ? "O_DIRECT for writes of " + std::to_string(options_.store.direct_write_min) +
-                " bytes or more, the page cache for smaller writes and all reads"
-          : "the page cache for all chunk data";
   PENSTOCK_LOG(Info) << "penstock-data node " << node_uuid_ << " serving " << stores_.size() << " target(s) on "
-                     << address_ << " (" << io_mode << ")";
+                     << address_ << " (" << options_.store.describe_io() << ")";
   return Status::ok();
 }
 

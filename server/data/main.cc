@@ -116,9 +116,9 @@ int main(int argc, char** argv) {
   if (*write_min > (uint64_t{1} << 30)) {
     return fail("--direct-write-min " + direct_write_min + " is larger than any write (at most 1G; 0 turns it off)");
   }
-  options.store.fd_cache = fit_fd_cache(fd_cache, targets.size(), direct_io || *write_min > 0);
   options.store.direct_io = direct_io;
   options.store.direct_write_min = static_cast<uint32_t>(*write_min);
+  options.store.fd_cache = fit_fd_cache(fd_cache, targets.size(), options.store.any_direct());
 
   // Before any thread starts, so that every thread inherits the blocked signal mask.
   daemon::block_termination_signals();
