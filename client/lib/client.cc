@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <ctime>
 #include <numeric>
@@ -240,6 +241,21 @@ Result<proto::InodeAttr> Client::lookup(InodeId parent, const std::string& name)
   return merged(meta_call<meta::Lookup>(meta::LookupReq{parent, name}));
 }
 
+Result<Client::Entry> Client::lookup_entry(InodeId parent, const std::string& name) {
+  // The kernel starts its entry timeout when it gets our reply, later than the server started the
+  // lease: counting from the send, less a margin for the reply's way into the kernel, keeps the
+  // kernel's trust inside the lease (the server waits a further grace period on top).
+  constexpr auto kMargin = std::chrono::milliseconds(10);
+  const auto sent = std::chrono::steady_clock::now();
+  auto r = meta_call<meta::Lookup>(meta::LookupReq{parent, name, session()});
+  if (!r.has_value()) return std::move(r).error();
+  const auto left = std::chrono::nanoseconds(r->entry_lease_ns) - (std::chrono::steady_clock::now() - sent) - kMargin;
+  Entry e;
+  e.trust_s = r->entry_lease_ns > 0 && left.count() > 0 ? std::chrono::duration<double>(left).count() : 0.0;
+  PENSTOCK_ASSIGN_OR_RETURN(e.attr, merged(std::move(r)));
+  return e;
+}
+
 Result<proto::InodeAttr> Client::getattr(InodeId ino) {
   return merged(meta_call<meta::GetAttr>(meta::InodeReq{ino}));
 }
@@ -274,12 +290,12 @@ Status Client::unlink(InodeId parent, const std::string& name) {
 }
 
 Status Client::rmdir(InodeId parent, const std::string& name) {
-  return meta_call<meta::Rmdir>(meta::NameReq{parent, name}).status();
+  return meta_call<meta::Rmdir>(meta::NameReq{parent, name, session()}).status();
 }
 
 Status Client::rename(InodeId parent, const std::string& name, InodeId new_parent, const std::string& new_name,
                       uint32_t flags) {
-  return meta_call<meta::Rename>(meta::RenameReq{parent, name, new_parent, new_name, flags}).status();
+  return meta_call<meta::Rename>(meta::RenameReq{parent, name, new_parent, new_name, flags, session()}).status();
 }
 
 Result<proto::InodeAttr> Client::link(InodeId ino, InodeId new_parent, const std::string& new_name) {

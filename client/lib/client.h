@@ -120,6 +120,14 @@ class Client {
 
   // ---- namespace (meta RPCs). Attributes of regular files carry this client's merged size. ----
   Result<proto::InodeAttr> lookup(InodeId parent, const std::string& name);
+  // A lookup for a kernel's dentry cache: also asks for the entry lease a directory may get
+  // (server/meta/entry_leases.h). `trust_s` is how long the name may be reused without asking:
+  // the lease less the time since the request was sent and a margin; 0 without a lease.
+  struct Entry {
+    proto::InodeAttr attr;
+    double trust_s = 0;
+  };
+  Result<Entry> lookup_entry(InodeId parent, const std::string& name);
   Result<proto::InodeAttr> getattr(InodeId ino);
   // SetAttr exactly as given. REQUIRES: kSetSize is not in req.valid (use truncate(), which cuts
   // the chunks on the data servers first).
@@ -132,6 +140,7 @@ class Client {
   Result<proto::InodeAttr> mkdir(InodeId parent, const std::string& name, uint32_t mode,
                                  const proto::Caller& caller);
   Status unlink(InodeId parent, const std::string& name);
+  // rmdir and rename name this session, whose own entry leases do not delay them.
   Status rmdir(InodeId parent, const std::string& name);
   // flags: proto::meta::RenameFlags bits.
   Status rename(InodeId parent, const std::string& name, InodeId new_parent, const std::string& new_name,

@@ -26,8 +26,12 @@ struct SessionReq { SessionId session; PENSTOCK_FIELDS(session); };
 struct HeartbeatResp { uint64_t map_version = 0; PENSTOCK_FIELDS(map_version); };
 
 // ---- namespace ----
-struct LookupReq { InodeId parent; std::string name; PENSTOCK_FIELDS(parent, name); };
-struct AttrResp { InodeAttr attr; PENSTOCK_FIELDS(attr); };
+// With `session` set, a lookup that finds a directory may lease the name to that session: the
+// answer's entry_lease_ns says for how long (from when the request was sent, less delivery slack)
+// the mount may reuse the binding without asking; rmdir and rename of it wait that lease out
+// (server/meta/entry_leases.h). 0: no lease, ask again every time.
+struct LookupReq { InodeId parent; std::string name; SessionId session; PENSTOCK_FIELDS(parent, name, session); };
+struct AttrResp { InodeAttr attr; int64_t entry_lease_ns = 0; PENSTOCK_FIELDS(attr, entry_lease_ns); };
 struct InodeReq { InodeId ino; PENSTOCK_FIELDS(ino); };
 
 // Bits of SetAttrReq::valid.
@@ -50,13 +54,16 @@ struct CreateReq {
 };
 struct MknodReq { InodeId parent; std::string name; uint32_t mode = 0; uint64_t rdev = 0; Caller caller; PENSTOCK_FIELDS(parent, name, mode, rdev, caller); };
 struct MkdirReq { InodeId parent; std::string name; uint32_t mode = 0; Caller caller; PENSTOCK_FIELDS(parent, name, mode, caller); };
-struct NameReq { InodeId parent; std::string name; PENSTOCK_FIELDS(parent, name); };
+// `session`: the requester, whose own entry lease on the name does not delay an rmdir (its
+// kernel drops the dentry itself); unlink ignores it.
+struct NameReq { InodeId parent; std::string name; SessionId session; PENSTOCK_FIELDS(parent, name, session); };
 
 // Rename flags as in renameat2(2).
 enum RenameFlags : uint32_t { kRenameNoReplace = 1u << 0, kRenameExchange = 1u << 1 };
+// `session`: the requester, as for NameReq.
 struct RenameReq {
-  InodeId parent; std::string name; InodeId new_parent; std::string new_name; uint32_t flags = 0;
-  PENSTOCK_FIELDS(parent, name, new_parent, new_name, flags);
+  InodeId parent; std::string name; InodeId new_parent; std::string new_name; uint32_t flags = 0; SessionId session;
+  PENSTOCK_FIELDS(parent, name, new_parent, new_name, flags, session);
 };
 struct LinkReq { InodeId ino; InodeId new_parent; std::string new_name; PENSTOCK_FIELDS(ino, new_parent, new_name); };
 struct SymlinkReq { InodeId parent; std::string name; std::string target; Caller caller; PENSTOCK_FIELDS(parent, name, target, caller); };

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <mutex>
@@ -30,6 +31,7 @@ struct Flags {
   std::string log_level = "info";
   double session_lease_s = 30;
   double node_timeout_s = 10;
+  double entry_lease_s = meta::kDefaultEntryLeaseNs / 1e9;
   int workers = 8;
   int io_threads = 2;
 };
@@ -52,6 +54,10 @@ int run(const Flags& flags) {
     std::cerr << "penstock-meta: --session-lease-s and --node-timeout-s must be > 0, --workers and --io-threads >= 1\n";
     return 2;
   }
+  if (!(flags.entry_lease_s >= 0 && flags.entry_lease_s <= 60)) {
+    std::cerr << "penstock-meta: --entry-lease-s must be between 0 (off) and 60 seconds\n";
+    return 2;
+  }
   daemon::block_termination_signals();
 
   Status st = daemon::ensure_directory(flags.db);
@@ -67,6 +73,7 @@ int run(const Flags& flags) {
   meta::MetaOptions opts;
   opts.session_lease_ns = static_cast<int64_t>(flags.session_lease_s * 1e9);
   opts.node_timeout_ns = static_cast<int64_t>(flags.node_timeout_s * 1e9);
+  opts.entry_leases.term_ns = static_cast<int64_t>(flags.entry_lease_s * 1e9);
   auto service = meta::MetaService::open(store->get(), opts);
   if (!service.has_value()) {
     PENSTOCK_LOG(Error) << service.error().to_string();
@@ -95,8 +102,10 @@ int run(const Flags& flags) {
     }
     return 1;
   }
+  char lease[32];
+  std::snprintf(lease, sizeof lease, flags.entry_lease_s > 0 ? "%g s" : "off", flags.entry_lease_s);
   PENSTOCK_LOG(Info) << "penstock-meta listening on " << ep->host << ":" << server.port() << ", db " << flags.db
-                     << ", map version " << svc.map_version();
+                     << ", map version " << svc.map_version() << ", directory entry leases " << lease;
 
   // Session and node expiry: checked often enough that a timeout is noticed within a quarter of it.
   std::mutex mu;
@@ -141,6 +150,10 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", flags.log_level, "Log level: debug, info, warn or error (default info)")->capture_default_str();
   app.add_option("--session-lease-s", flags.session_lease_s, "Seconds a client session lives without a heartbeat before its opens are dropped (default 30)")->capture_default_str();
   app.add_option("--node-timeout-s", flags.node_timeout_s, "Seconds without heartbeat after which a data server is marked offline (default 10)")->capture_default_str();
+  app.add_option("--entry-lease-s", flags.entry_lease_s,
+                 "Seconds a mount may reuse a directory's name without asking again; rmdir and rename of a directory "
+                 "another mount looked up wait up to this long (default 1; 0 turns entry leases off)")
+      ->capture_default_str();
   app.add_option("--workers", flags.workers, "RPC worker threads that run metadata requests (default 8)")->capture_default_str();
   app.add_option("--io-threads", flags.io_threads,
                  "Network threads; they also answer lookups, getattr, readdir, open and release (default 2)")

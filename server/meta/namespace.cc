@@ -221,7 +221,8 @@ class MetaService::Txn {
 // ---------------------------------------------------------------------------------------------
 // Setup
 
-MetaService::MetaService(Store* store, MetaOptions options) : store_(store), options_(std::move(options)) {
+MetaService::MetaService(Store* store, MetaOptions options)
+    : store_(store), options_(std::move(options)), leases_(options_.entry_leases) {
   if (!options_.now) options_.now = system_now_ns;
   if (options_.inode_batch == 0) options_.inode_batch = 1;
   uint64_t seed = options_.seed;
@@ -468,6 +469,7 @@ Status MetaService::close_session_applied(const pm::SessionReq& req) {
 
 Result<pm::AttrResp> MetaService::lookup(const pm::LookupReq& req) {
   PENSTOCK_RETURN_IF_ERROR(validate_name(req.name));
+  const uint64_t lease_epoch = leases_.epoch();  // before the reads (entry_leases.h)
   PENSTOCK_ASSIGN_OR_RETURN(auto parent, read_dir_inode(store_, req.parent));
   (void)parent;
   PENSTOCK_ASSIGN_OR_RETURN(auto d, read_dentry(store_, req.parent, req.name));
@@ -478,7 +480,9 @@ Result<pm::AttrResp> MetaService::lookup(const pm::LookupReq& req) {
   if (!rec.has_value()) {
     return Status(Code::kNotFound, "entry " + quoted(req.name) + " was removed while being looked up");
   }
-  return pm::AttrResp{rec->attr};
+  pm::AttrResp resp{rec->attr};
+  if (is_dir(rec->attr.mode)) resp.entry_lease_ns = leases_.grant({req.parent, req.name}, req.session, lease_epoch);
+  return resp;
 }
 
 Result<pm::AttrResp> MetaService::get_attr(const pm::InodeReq& req) {
@@ -1376,8 +1380,20 @@ Result<pm::AttrResp> MetaService::make_node(InodeId parent, const std::string& n
   return durable(make_node_applied(parent, name, mode, rdev, caller, session, symlink_target));
 }
 Status MetaService::unlink(const pm::NameReq& req) { return durable(unlink_applied(req)); }
-Status MetaService::rmdir(const pm::NameReq& req) { return durable(rmdir_applied(req)); }
-Status MetaService::rename(const pm::RenameReq& req) { return durable(rename_applied(req)); }
+Status MetaService::rmdir(const pm::NameReq& req) {
+  EntryLeases::Change change(leases_, {{req.parent, req.name}}, req.session);
+  return durable(rmdir_applied(req));
+}
+Status MetaService::rename(const pm::RenameReq& req) {
+  const EntryLeases::Name from{req.parent, req.name}, to{req.new_parent, req.new_name};
+  EntryLeases::Change change(leases_, {from, to}, req.session);
+  Status st = durable(rename_applied(req));
+  if (st.is_ok()) {
+    change.moved(from, to);
+    if ((req.flags & pm::kRenameExchange) != 0) change.moved(to, from);
+  }
+  return st;
+}
 Result<pm::AttrResp> MetaService::link(const pm::LinkReq& req) { return durable(link_applied(req)); }
 Result<pm::AttrResp> MetaService::set_attr(const pm::SetAttrReq& req) { return durable(set_attr_applied(req)); }
 Result<pm::AttrResp> MetaService::report_size(const pm::ReportSizeReq& req) { return durable(report_size_applied(req)); }

@@ -30,6 +30,7 @@
 
 #include "common/base/result.h"
 #include "common/proto/meta_service.h"
+#include "server/meta/entry_leases.h"
 #include "server/meta/schema.h"
 #include "server/meta/store.h"
 
@@ -48,7 +49,12 @@ struct MetaOptions {
   uint64_t inode_batch = 1024;                // inode numbers reserved per persisted counter write
   NowFn now = system_now_ns;
   uint64_t seed = 0;                          // chain selection randomness; 0: from std::random_device
+  // Directory entry leases (server/meta/entry_leases.h); term 0 (the default here, for tests
+  // with a fake clock) grants none. The daemon uses kDefaultEntryLeaseNs.
+  EntryLeaseOptions entry_leases;
 };
+
+inline constexpr int64_t kDefaultEntryLeaseNs = 1'000'000'000;
 
 // One queued garbage-collection job: remove every chunk of `ino` on each of `targets`.
 struct GcTask {
@@ -79,7 +85,8 @@ class MetaService {
   // Errors common to everything taking (parent, name): kInvalid for an empty name, ".", "..", or a
   // name with '/' or NUL; kNameTooLong over 255 bytes; kNotFound when parent is missing;
   // kNotDir when parent is not a directory.
-  Result<pm::AttrResp> lookup(const pm::LookupReq& req);          // kNotFound when the name is absent
+  // kNotFound when the name is absent. A directory found for a req.session gets an entry lease.
+  Result<pm::AttrResp> lookup(const pm::LookupReq& req);
   Result<pm::AttrResp> get_attr(const pm::InodeReq& req);         // kNotFound when the inode is gone
   // Applies the `valid` fields. Size (regular files only: kIsDir on a directory, kInvalid on other
   // types) is set exactly and bumps generation; the caller has already cut the chunks. ctime is
@@ -94,7 +101,9 @@ class MetaService {
   Result<pm::AttrResp> mknod(const pm::MknodReq& req);
   Result<pm::AttrResp> mkdir(const pm::MkdirReq& req);            // kExists
   Status unlink(const pm::NameReq& req);                          // kNotFound, kIsDir
-  Status rmdir(const pm::NameReq& req);                           // kNotFound, kNotDir, kNotEmpty
+  // kNotFound, kNotDir, kNotEmpty. Rmdir and rename first wait until no session but req.session
+  // holds an entry lease on a name they change (at most the lease term).
+  Status rmdir(const pm::NameReq& req);
   // renameat2 semantics, see namespace.cc for the full list of cases.
   Status rename(const pm::RenameReq& req);
   // kNotPermitted for a directory, kExists, kNotFound when ino has no links left.
@@ -220,6 +229,7 @@ class MetaService {
 
   Store* store_;
   MetaOptions options_;
+  EntryLeases leases_;  // its own lock; never taken under mu_
 
   // Lock order: mu_ is the only lock of this class and is taken before the store's internal
   // locks. It serializes every mutation (so a read-check-write batch never races another) and

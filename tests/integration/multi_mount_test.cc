@@ -1,5 +1,6 @@
 // The consistency contract across two mounts of one cluster (two "hosts"): namespace operations
-// on mount A are visible on mount B at once (no dentry, attribute or negative-dentry caching),
+// on mount A are visible on mount B at once (no negative dentries; file dentries are asked for
+// again; a directory dentry B trusts is leased, so A's rmdir or rename of it waits the lease out),
 // and close-to-open holds for data: after close() on A, open() on B sees the data and the size.
 #include <dirent.h>
 #include <sys/stat.h>
@@ -277,11 +278,23 @@ TEST_F(TwoMountsTest, RenameOnAIsSeenOnB) {
   EXPECT_EQ(contents(b("new")), "renamed content");
   EXPECT_EQ(contents(b("moved/inner")), "inner");
   EXPECT_EQ(list_dir(b_), (std::set<std::string>{"new", "moved"}));
+  // A renames a directory only A has used: its kernel moves the dentry it trusts to the new name
+  // and keeps trusting it there. B's rename of the new name must still be seen on A at once (A's
+  // lease moved with the name, so B's rename waits it out).
+  ASSERT_EQ(mkdir(a("m1").c_str(), 0755), 0);
+  ASSERT_TRUE(write_file(a("m1/f"), "m"));
+  ASSERT_EQ(stat(a("m1/f").c_str(), &st), 0);
+  ASSERT_EQ(rename(a("m1").c_str(), a("m2").c_str()), 0) << errno_name(errno);
+  ASSERT_EQ(stat(a("m2/f").c_str(), &st), 0);
+  ASSERT_EQ(rename(b("m2").c_str(), b("again").c_str()), 0) << errno_name(errno);
+  PENSTOCK_EXPECT_ERRNO(ENOENT, stat(a("m2/f").c_str(), &st));
+  EXPECT_EQ(contents(a("again/f")), "m");
   // Replacing rename: B opens the new file under the old target name.
   ASSERT_TRUE(write_file(a("target"), "old target"));
   EXPECT_EQ(contents(b("target")), "old target");
   ASSERT_EQ(rename(a("new").c_str(), a("target").c_str()), 0);
   EXPECT_EQ(contents(b("target")), "renamed content");
+  EXPECT_EQ(list_dir(a_), (std::set<std::string>{"target", "moved", "again"}));
 }
 
 TEST_F(TwoMountsTest, AttributesLinksAndXattrsOnAAreSeenOnB) {

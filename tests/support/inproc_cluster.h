@@ -58,7 +58,9 @@ class InProcessCluster {
     std::string tmpl = "/tmp/" + o.temp_prefix + ".XXXXXX";
     if (mkdtemp(tmpl.data()) == nullptr) return ::testing::AssertionFailure() << "mkdtemp " << tmpl << " failed";
     dir_ = tmpl;
-    auto svc = meta::MetaService::open(&store_, meta::MetaOptions{});
+    meta::MetaOptions mo;
+    mo.entry_leases.term_ns = meta::kDefaultEntryLeaseNs;  // as the daemon
+    auto svc = meta::MetaService::open(&store_, mo);
     if (!svc.has_value()) return ::testing::AssertionFailure() << "meta service: " << svc.error().to_string();
     service_ = std::move(svc).value();
     rpc::ServerOptions so;
