@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -257,6 +258,13 @@ void op_forget(fuse_req_t req, fuse_ino_t, uint64_t) { fuse_reply_none(req); }
 void op_forget_multi(fuse_req_t req, size_t, fuse_forget_data*) { fuse_reply_none(req); }
 
 void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*) {
+  // A directory's attributes known from a recent reply (client/lib/dir_attr_cache.h): the kernel
+  // asks again for every permission check after each create in the directory dropped them.
+  if (auto hit = client_of(req).cached_dir_attr(InodeId(ino))) {
+    struct stat st = to_stat(hit->attr);
+    fuse_reply_attr(req, &st, std::min(kAttrTimeout, hit->left_s));
+    return;
+  }
   reply_attr(req, client_of(req).getattr(InodeId(ino)), "getattr", ino);
 }
 
@@ -714,6 +722,10 @@ fuse_lowlevel_ops make_ops() {
 }
 
 }  // namespace
+
+void apply_contract(client::ClientOptions* options) {
+  options->dir_attr_max_age = std::chrono::milliseconds(static_cast<int64_t>(kAttrTimeout * 1000));
+}
 
 const fuse_lowlevel_ops& penstock_ops() {
   static const fuse_lowlevel_ops ops = make_ops();

@@ -22,4 +22,8 @@ struct MountState {
 // The operation table (static storage).
 const fuse_lowlevel_ops& penstock_ops();
 
+// Adjusts the client's options to the consistency contract of these ops (attribute timeout), so
+// that the client's directory-attribute cache never serves older attributes than the kernel may.
+void apply_contract(client::ClientOptions* options);
+
 }  // namespace penstock::fuse

@@ -266,6 +266,7 @@ int main(int argc, char** argv) {
   copts.cache_size = s.cache_size;
   copts.readahead_max = s.readahead_max;
   copts.dirty_limit = s.dirty_limit;
+  penstock::fuse::apply_contract(&copts);
   auto connected = penstock::client::Client::connect(copts);
   if (!connected.has_value()) {
     const Status& st = connected.error();

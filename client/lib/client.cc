@@ -65,8 +65,14 @@ std::string local_hostname() {
   return buf;
 }
 
+namespace {
+constexpr size_t kMaxCachedDirAttrs = 65536;
+}  // namespace
+
 Client::Client(ClientOptions options, net::Endpoint meta_endpoint)
-    : options_(std::move(options)), meta_endpoint_(std::move(meta_endpoint)) {}
+    : options_(std::move(options)),
+      meta_endpoint_(std::move(meta_endpoint)),
+      dir_attrs_(options_.dir_attr_max_age, kMaxCachedDirAttrs) {}
 
 Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
   auto ep = net::Endpoint::parse(options.meta_address);
@@ -228,46 +234,57 @@ void Client::merge_local_size(proto::InodeAttr* attr) {
   if (it->second.mtime_ns > attr->mtime_ns) attr->mtime_ns = it->second.mtime_ns;
 }
 
-Result<proto::InodeAttr> Client::merged(Result<meta::AttrResp> r) {
+Result<proto::InodeAttr> Client::merged(const DirAttrCache::Ticket& t, Result<meta::AttrResp> r) {
   if (!r.has_value()) return std::move(r).error();
+  dir_attrs_.offer(t, r->attr);
+  if (r->parent) dir_attrs_.offer(t, *r->parent);
   proto::InodeAttr attr = std::move(r->attr);
   merge_local_size(&attr);
   return attr;
 }
 
+template <class M, class Req>
+Result<proto::InodeAttr> Client::attr_call(const Req& req) {
+  const DirAttrCache::Ticket t = dir_attrs_.ticket();  // before the call is sent
+  return merged(t, meta_call<M>(req));
+}
+
 // ---- namespace ----
 
 Result<proto::InodeAttr> Client::lookup(InodeId parent, const std::string& name) {
-  return merged(meta_call<meta::Lookup>(meta::LookupReq{parent, name}));
+  return attr_call<meta::Lookup>(meta::LookupReq{parent, name});
 }
+
+std::optional<DirAttrCache::Hit> Client::cached_dir_attr(InodeId dir) const { return dir_attrs_.get(dir); }
 
 Result<Client::Entry> Client::lookup_entry(InodeId parent, const std::string& name) {
   // The kernel starts its entry timeout when it gets our reply, later than the server started the
   // lease: counting from the send, less a margin for the reply's way into the kernel, keeps the
   // kernel's trust inside the lease (the server waits a further grace period on top).
   constexpr auto kMargin = std::chrono::milliseconds(10);
-  const auto sent = std::chrono::steady_clock::now();
+  const DirAttrCache::Ticket t = dir_attrs_.ticket();
+  const auto sent = t.sent;
   auto r = meta_call<meta::Lookup>(meta::LookupReq{parent, name, session()});
   if (!r.has_value()) return std::move(r).error();
   const auto left = std::chrono::nanoseconds(r->entry_lease_ns) - (std::chrono::steady_clock::now() - sent) - kMargin;
   Entry e;
   e.trust_s = r->entry_lease_ns > 0 && left.count() > 0 ? std::chrono::duration<double>(left).count() : 0.0;
-  PENSTOCK_ASSIGN_OR_RETURN(e.attr, merged(std::move(r)));
+  PENSTOCK_ASSIGN_OR_RETURN(e.attr, merged(t, std::move(r)));
   return e;
 }
 
 Result<proto::InodeAttr> Client::getattr(InodeId ino) {
-  return merged(meta_call<meta::GetAttr>(meta::InodeReq{ino}));
+  return attr_call<meta::GetAttr>(meta::InodeReq{ino});
 }
 
 Result<proto::InodeAttr> Client::setattr(const meta::SetAttrReq& req) {
   PENSTOCK_CHECK((req.valid & meta::kSetSize) == 0);
-  return merged(meta_call<meta::SetAttr>(req));
+  return attr_call<meta::SetAttr>(req);
 }
 
 Result<proto::InodeAttr> Client::create(InodeId parent, const std::string& name, uint32_t mode,
                                         const proto::Caller& caller) {
-  auto r = merged(meta_call<meta::Create>(meta::CreateReq{parent, name, mode, caller, session()}));
+  auto r = attr_call<meta::Create>(meta::CreateReq{parent, name, mode, caller, session()});
   if (r.has_value()) {
     std::lock_guard<std::mutex> lock(opened_mu_);
     opened_[r->ino] = OpenedVersion{r->generation, r->mtime_ns};
@@ -277,34 +294,40 @@ Result<proto::InodeAttr> Client::create(InodeId parent, const std::string& name,
 
 Result<proto::InodeAttr> Client::mknod(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
                                        const proto::Caller& caller) {
-  return merged(meta_call<meta::Mknod>(meta::MknodReq{parent, name, mode, rdev, caller}));
+  return attr_call<meta::Mknod>(meta::MknodReq{parent, name, mode, rdev, caller});
 }
 
 Result<proto::InodeAttr> Client::mkdir(InodeId parent, const std::string& name, uint32_t mode,
                                        const proto::Caller& caller) {
-  return merged(meta_call<meta::Mkdir>(meta::MkdirReq{parent, name, mode, caller}));
+  return attr_call<meta::Mkdir>(meta::MkdirReq{parent, name, mode, caller});
 }
 
 Status Client::unlink(InodeId parent, const std::string& name) {
-  return meta_call<meta::Unlink>(meta::NameReq{parent, name}).status();
+  Status st = meta_call<meta::Unlink>(meta::NameReq{parent, name}).status();
+  dir_attrs_.invalidate(parent);  // also on failure: the outcome of a lost reply is unknown
+  return st;
 }
 
 Status Client::rmdir(InodeId parent, const std::string& name) {
-  return meta_call<meta::Rmdir>(meta::NameReq{parent, name, session()}).status();
+  Status st = meta_call<meta::Rmdir>(meta::NameReq{parent, name, session()}).status();
+  dir_attrs_.invalidate_all();  // the parent and the removed directory
+  return st;
 }
 
 Status Client::rename(InodeId parent, const std::string& name, InodeId new_parent, const std::string& new_name,
                       uint32_t flags) {
-  return meta_call<meta::Rename>(meta::RenameReq{parent, name, new_parent, new_name, flags, session()}).status();
+  Status st = meta_call<meta::Rename>(meta::RenameReq{parent, name, new_parent, new_name, flags, session()}).status();
+  dir_attrs_.invalidate_all();  // both parents, and a moved directory's ".."
+  return st;
 }
 
 Result<proto::InodeAttr> Client::link(InodeId ino, InodeId new_parent, const std::string& new_name) {
-  return merged(meta_call<meta::Link>(meta::LinkReq{ino, new_parent, new_name}));
+  return attr_call<meta::Link>(meta::LinkReq{ino, new_parent, new_name});
 }
 
 Result<proto::InodeAttr> Client::symlink(InodeId parent, const std::string& name, const std::string& target,
                                          const proto::Caller& caller) {
-  return merged(meta_call<meta::Symlink>(meta::SymlinkReq{parent, name, target, caller}));
+  return attr_call<meta::Symlink>(meta::SymlinkReq{parent, name, target, caller});
 }
 
 Result<std::string> Client::readlink(InodeId ino) {
@@ -357,6 +380,7 @@ Status Client::setxattr(InodeId ino, const std::string& name, const std::string&
   forget_caps(ino, name);
   Status st = meta_call<meta::SetXattr>(meta::SetXattrReq{ino, name, value, flags}).status();
   forget_caps(ino, name);  // also a lookup that raced the set
+  dir_attrs_.invalidate(ino);  // its ctime moved
   return st;
 }
 
@@ -366,11 +390,13 @@ Result<std::vector<std::string>> Client::listxattr(InodeId ino) {
 }
 
 Status Client::removexattr(InodeId ino, const std::string& name) {
-  return meta_call<meta::RemoveXattr>(meta::GetXattrReq{ino, name}).status();
+  Status st = meta_call<meta::RemoveXattr>(meta::GetXattrReq{ino, name}).status();
+  dir_attrs_.invalidate(ino);  // its ctime moved
+  return st;
 }
 
 Result<proto::InodeAttr> Client::open(InodeId ino, uint32_t flags, bool* unchanged) {
-  auto r = merged(meta_call<meta::Open>(meta::OpenReq{ino, session(), flags}));
+  auto r = attr_call<meta::Open>(meta::OpenReq{ino, session(), flags});
   if (!r.has_value()) return r;
   // Close-to-open: cached blocks of an older generation go now.
   cache_->set_generation(ino, r->generation);
@@ -403,7 +429,9 @@ Result<proto::Layout> Client::get_layout(InodeId ino) {
 }
 
 Status Client::set_layout(InodeId dir, uint32_t chunk_size, uint32_t stripe_count) {
-  return meta_call<meta::SetLayout>(meta::SetLayoutReq{dir, chunk_size, stripe_count}).status();
+  Status st = meta_call<meta::SetLayout>(meta::SetLayoutReq{dir, chunk_size, stripe_count}).status();
+  dir_attrs_.invalidate(dir);  // the layout is part of its attributes
+  return st;
 }
 
 Status Client::set_layout_text(InodeId dir, const std::string& text) {
@@ -1186,6 +1214,7 @@ Result<proto::InodeAttr> Client::truncate(InodeId ino, uint64_t size, const prot
   req.valid = meta::kSetSize;
   req.size = size;
   req.caller = caller;
+  const DirAttrCache::Ticket t = dir_attrs_.ticket();
   auto r = meta_call<meta::SetAttr>(req);
   if (!r.has_value()) return r.error().with_context("set size of inode " + ino.to_string());
   {
@@ -1198,7 +1227,7 @@ Result<proto::InodeAttr> Client::truncate(InodeId ino, uint64_t size, const prot
     }
   }
   cache_->invalidate(ino);
-  return merged(std::move(r));
+  return merged(t, std::move(r));
 }
 
 }  // namespace penstock::client

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "client/lib/chunk_cache.h"
+#include "client/lib/dir_attr_cache.h"
 #include "client/lib/io_plan.h"
 #include "client/lib/read_ahead.h"
 #include "client/lib/write_behind.h"
@@ -71,6 +72,9 @@ struct ClientOptions {
   int worker_threads = 16;               // threads sending write-behind buffers and read-ahead
   // How long "security.capability is absent" is remembered per inode (see getxattr); 0: never.
   std::chrono::milliseconds absent_xattr_ttl{1000};
+  // Directory attributes served from DirAttrCache for at most this long after the meta server
+  // sent them (the mount's attribute timeout); 0: never.
+  std::chrono::milliseconds dir_attr_max_age{0};
 };
 
 // Per open file handle read state: the generation the handle was opened at (cache key) and the
@@ -128,6 +132,9 @@ class Client {
     double trust_s = 0;
   };
   Result<Entry> lookup_entry(InodeId parent, const std::string& name);
+  // A directory's attributes as the meta server last sent them to this client, while younger than
+  // ClientOptions::dir_attr_max_age (client/lib/dir_attr_cache.h); nullopt otherwise.
+  std::optional<DirAttrCache::Hit> cached_dir_attr(InodeId dir) const;
   Result<proto::InodeAttr> getattr(InodeId ino);
   // SetAttr exactly as given. REQUIRES: kSetSize is not in req.valid (use truncate(), which cuts
   // the chunks on the data servers first).
@@ -306,7 +313,11 @@ class Client {
   std::shared_ptr<WriteError> error_record(InodeId ino);
   // Reports the write error `cursor` has not seen (null: one no handle reported), marking it.
   Status take_write_error(InodeId ino, WriteCursor* cursor);
-  Result<proto::InodeAttr> merged(Result<proto::meta::AttrResp> r);
+  // The reply's attributes with this client's own size merged in; directories' attributes (the
+  // reply's and its `parent`) also go to dir_attrs_, taken with the ticket of before the call.
+  Result<proto::InodeAttr> merged(const DirAttrCache::Ticket& t, Result<proto::meta::AttrResp> r);
+  template <class M, class Req>
+  Result<proto::InodeAttr> attr_call(const Req& req);
 
   const ClientOptions options_;
   const net::Endpoint meta_endpoint_;
@@ -331,6 +342,8 @@ class Client {
   bool stop_ = false;
   std::thread heartbeat_;
   std::once_flag shutdown_once_;
+
+  DirAttrCache dir_attrs_;  // own lock (leaf)
 
   // Inodes known to have no "security.capability", with when that knowledge expires.
   std::mutex caps_mu_;  // leaf lock

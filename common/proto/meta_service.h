@@ -31,7 +31,12 @@ struct HeartbeatResp { uint64_t map_version = 0; PENSTOCK_FIELDS(map_version); }
 // the mount may reuse the binding without asking; rmdir and rename of it wait that lease out
 // (server/meta/entry_leases.h). 0: no lease, ask again every time.
 struct LookupReq { InodeId parent; std::string name; SessionId session; PENSTOCK_FIELDS(parent, name, session); };
-struct AttrResp { InodeAttr attr; int64_t entry_lease_ns = 0; PENSTOCK_FIELDS(attr, entry_lease_ns); };
+// `parent`: after create, mknod, mkdir, symlink and link, the attributes of the directory the
+// name was added to, as that change left them (a client's directory-attribute cache).
+struct AttrResp {
+  InodeAttr attr; int64_t entry_lease_ns = 0; std::optional<InodeAttr> parent;
+  PENSTOCK_FIELDS(attr, entry_lease_ns, parent);
+};
 struct InodeReq { InodeId ino; PENSTOCK_FIELDS(ino); };
 
 // Bits of SetAttrReq::valid.

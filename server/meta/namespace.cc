@@ -633,6 +633,7 @@ Result<pm::AttrResp> MetaService::make_node_applied(InodeId parent_ino, const st
     txn.batch().put(schema::open_by_inode_key(ino, session), "");
   }
   pm::AttrResp resp{rec.attr};
+  resp.parent = parent->attr;
   txn.add(std::move(rec));
   PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("create " + quoted(name) + " in directory " + parent_ino.to_string()));
   return resp;
@@ -892,6 +893,7 @@ Result<pm::AttrResp> MetaService::link_applied(const pm::LinkReq& req) {
   txn.batch().put(schema::dentry_key(req.new_parent, req.new_name),
                   schema::encode_record(DentryRecord{req.ino, rec->attr.mode & S_IFMT}));
   pm::AttrResp resp{rec->attr};
+  resp.parent = np->attr;
   PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("link " + quoted(req.new_name)));
   return resp;
 }

@@ -315,6 +315,38 @@ TEST_F(NamespaceTest, ModeBitsDenyOtherUsersWithEacces) {
   EXPECT_FALSE(exists(p("rootdir/new")));
 }
 
+// A directory's attributes follow this mount's own changes at once, through a path and through a
+// descriptor held open (the mount answers the kernel's GETATTR of a directory from the attributes
+// the meta server sent with the change, client/lib/dir_attr_cache.h).
+TEST_F(NamespaceTest, DirectoryAttributesFollowOwnChangesAtOnce) {
+  auto ns = [](const struct stat& st) { return st.st_mtim.tv_sec * 1'000'000'000LL + st.st_mtim.tv_nsec; };
+  ASSERT_EQ(mkdir(p("attrs").c_str(), 0755), 0);
+  UniqueFd dir(open(p("attrs").c_str(), O_RDONLY | O_DIRECTORY));
+  ASSERT_TRUE(dir.ok()) << errno_name(errno);
+  struct stat before {}, held {};
+  ASSERT_EQ(fstat(dir.get(), &before), 0);
+  EXPECT_EQ(before.st_nlink, 2u);
+  ASSERT_TRUE(write_file(p("attrs/f"), "x"));
+  ASSERT_EQ(fstat(dir.get(), &held), 0);
+  EXPECT_GT(ns(held), ns(before)) << "fstat of the directory missed the create in it";
+  ASSERT_EQ(mkdir(p("attrs/sub").c_str(), 0755), 0);
+  ASSERT_EQ(fstat(dir.get(), &held), 0);
+  EXPECT_EQ(held.st_nlink, 3u) << "the new subdirectory's \"..\" link";
+  EXPECT_EQ(stat_of(p("attrs")).st_nlink, 3u);
+  const int64_t after_mkdir = ns(held);
+  ASSERT_EQ(rmdir(p("attrs/sub").c_str()), 0);
+  ASSERT_EQ(fstat(dir.get(), &held), 0);
+  EXPECT_EQ(held.st_nlink, 2u);
+  EXPECT_GT(ns(held), after_mkdir);
+  const int64_t after_rmdir = ns(held);
+  ASSERT_EQ(unlink(p("attrs/f").c_str()), 0);
+  EXPECT_GT(ns(stat_of(p("attrs"))), after_rmdir);
+  ASSERT_EQ(symlink("f", p("attrs/l").c_str()), 0);
+  ASSERT_EQ(chmod(p("attrs").c_str(), 0700), 0);
+  ASSERT_EQ(fstat(dir.get(), &held), 0);
+  EXPECT_EQ(held.st_mode & 07777, 0700u);
+}
+
 TEST_F(NamespaceTest, MkdirRmdirUnlink) {
   ASSERT_EQ(mkdir(p("a").c_str(), 0750), 0);
   struct stat st = stat_of(p("a"));
