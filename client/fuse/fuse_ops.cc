@@ -337,8 +337,29 @@ void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
   reply_status(req, client_of(req).unlink(InodeId(parent), name), "unlink", parent);
 }
 
+// An rmdir or rename whose outcome is unknown (the reply was lost) may have been applied without
+// waiting for this mount's entry leases, and on such an error the kernel keeps its dentries: drop
+// them once the reply is out (before it, the kernel holds the directory's lock and waits for us).
+// `se` is read before the reply, which frees req.
+void forget_entries_if_unknown(fuse_session* se, const Status& st,
+                               std::initializer_list<std::pair<fuse_ino_t, const char*>> names) {
+  if (st.code() != Code::kTimeout && st.code() != Code::kUnavailable) return;
+  if (se == nullptr) return;
+  for (const auto& [parent, name] : names) {
+    const int rc = fuse_lowlevel_notify_inval_entry(se, parent, name, std::strlen(name));
+    if (rc != 0 && rc != -ENOENT) {
+      PENSTOCK_LOG(Warn) << "cannot drop the kernel's entry " << name << " in directory " << parent << ": "
+                         << std::strerror(-rc);
+    }
+  }
+}
+
 void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  reply_status(req, client_of(req).rmdir(InodeId(parent), name), "rmdir", parent);
+  const Status st = client_of(req).rmdir(InodeId(parent), name);
+  const std::string kept = name;  // req (and with it name) is gone after the reply
+  fuse_session* se = static_cast<MountState*>(fuse_req_userdata(req))->session;
+  reply_status(req, st, "rmdir", parent);
+  forget_entries_if_unknown(se, st, {{parent, kept.c_str()}});
 }
 
 void op_symlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
@@ -356,8 +377,11 @@ void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t n
                                                         " are not supported (NOREPLACE or EXCHANGE only)"),
                         "rename", parent);
   }
-  reply_status(req, client_of(req).rename(InodeId(parent), name, InodeId(newparent), newname, wire), "rename",
-               parent);
+  const Status st = client_of(req).rename(InodeId(parent), name, InodeId(newparent), newname, wire);
+  const std::string kept_name = name, kept_newname = newname;  // gone with req after the reply
+  fuse_session* se = static_cast<MountState*>(fuse_req_userdata(req))->session;
+  reply_status(req, st, "rename", parent);
+  forget_entries_if_unknown(se, st, {{parent, kept_name.c_str()}, {newparent, kept_newname.c_str()}});
 }
 
 void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname) {

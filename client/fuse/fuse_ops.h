@@ -17,6 +17,7 @@ namespace penstock::fuse {
 struct MountState {
   client::Client* client = nullptr;
   bool direct_io = false;  // FOPEN_DIRECT_IO on every open (MountSettings::direct_io)
+  fuse_session* session = nullptr;  // for invalidation notices; set once the session exists
 };
 
 // The operation table (static storage).

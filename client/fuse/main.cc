@@ -289,6 +289,7 @@ int main(int argc, char** argv) {
     client->shutdown();
     die("cannot create the FUSE session (see the message above)");
   }
+  state.session = se;
   if (fuse_set_signal_handlers(se) != 0) {
     fuse_session_destroy(se);
     client->shutdown();

@@ -235,7 +235,12 @@ void Client::merge_local_size(proto::InodeAttr* attr) {
 }
 
 Result<proto::InodeAttr> Client::merged(const DirAttrCache::Ticket& t, Result<meta::AttrResp> r) {
-  if (!r.has_value()) return std::move(r).error();
+  if (!r.has_value()) {
+    // A lost reply: the change may have been applied, the parent's new attributes are unknown.
+    const Code c = r.error().code();
+    if (c == Code::kTimeout || c == Code::kUnavailable) dir_attrs_.invalidate_all();
+    return std::move(r).error();
+  }
   dir_attrs_.offer(t, r->attr);
   if (r->parent) dir_attrs_.offer(t, *r->parent);
   proto::InodeAttr attr = std::move(r->attr);
@@ -261,7 +266,8 @@ Result<Client::Entry> Client::lookup_entry(InodeId parent, const std::string& na
   // The kernel starts its entry timeout when it gets our reply, later than the server started the
   // lease: counting from the send, less a margin for the reply's way into the kernel, keeps the
   // kernel's trust inside the lease (the server waits a further grace period on top).
-  constexpr auto kMargin = std::chrono::milliseconds(10);
+  // 100 ms covers jiffy rounding and a thread descheduled between here and the kernel.
+  constexpr auto kMargin = std::chrono::milliseconds(100);
   const DirAttrCache::Ticket t = dir_attrs_.ticket();
   const auto sent = t.sent;
   auto r = meta_call<meta::Lookup>(meta::LookupReq{parent, name, session()});

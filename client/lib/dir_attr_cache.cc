@@ -15,8 +15,10 @@ void DirAttrCache::offer(const Ticket& t, const proto::InodeAttr& attr) {
   if (t.generation != generation_) return;
   auto it = entries_.find(attr.ino.value);
   if (it != entries_.end()) {
-    if (attr.ctime_ns < it->second.attr.ctime_ns) return;  // what we hold includes a later change
-    it->second = Entry{attr, std::max(t.sent, it->second.sent)};
+    Entry& e = it->second;
+    if (attr.ctime_ns < e.attr.ctime_ns) return;  // what we hold includes a later change
+    if (attr.ctime_ns == e.attr.ctime_ns && t.sent < e.sent) return;  // same state, learned earlier
+    e = Entry{attr, t.sent};
     return;
   }
   if (entries_.size() >= max_entries_) {

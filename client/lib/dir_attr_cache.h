@@ -12,9 +12,10 @@
 // gives the kernel as its attribute timeout. So a directory's attributes are never older than the
 // attribute timeout, the same promise the kernel's own attribute cache makes.
 //
-// Own changes: the newest attributes win (by ctime, which the meta server sets on every change
-// under its namespace lock), so a reply that raced this mount's own create cannot replace the
-// attributes that include it. A change whose reply carries no new attributes (unlink, rmdir,
+// Own changes: the newest attributes win (by ctime, which the meta server sets from its clock on
+// every change under its namespace lock; a clock stepped back could let an older reply win for
+// up to max_age), so a reply that raced this mount's own create cannot replace the attributes
+// that include it. A change whose reply carries no new attributes (unlink, rmdir,
 // rename, xattrs) invalidates: afterwards only replies to requests sent after it are taken.
 //
 // Thread-safety: every method from any thread (one mutex).

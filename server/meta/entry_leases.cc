@@ -43,6 +43,12 @@ void EntryLeases::sweep(int64_t now) {
   }
 }
 
+void EntryLeases::sweep_expired() {
+  const int64_t now = options_.clock();
+  std::lock_guard lock(mu_);
+  sweep(now);
+}
+
 int64_t EntryLeases::grant(Name n, SessionId holder, uint64_t epoch_seen) {
   if (options_.term_ns <= 0 || !holder.valid()) return 0;
   const int64_t now = options_.clock();

@@ -87,7 +87,10 @@ class EntryLeases {
     int64_t waited_ns_ = 0;
   };
 
-  // Names with a lease record (expired ones are swept lazily). For tests and status.
+  // Drops the records of leases that have ended (the daemon calls it with its expiry sweep; a
+  // full table also sweeps itself).
+  void sweep_expired();
+  // Names with a lease record. For tests and status.
   size_t size() const;
 
  private:

@@ -54,8 +54,10 @@ int run(const Flags& flags) {
     std::cerr << "penstock-meta: --session-lease-s and --node-timeout-s must be > 0, --workers and --io-threads >= 1\n";
     return 2;
   }
-  if (!(flags.entry_lease_s >= 0 && flags.entry_lease_s <= 60)) {
-    std::cerr << "penstock-meta: --entry-lease-s must be between 0 (off) and 60 seconds\n";
+  // A contended rmdir/rename waits up to the term on a worker thread: it must stay well inside a
+  // client's 10 s call deadline.
+  if (!(flags.entry_lease_s >= 0 && flags.entry_lease_s <= 5)) {
+    std::cerr << "penstock-meta: --entry-lease-s must be between 0 (off) and 5 seconds\n";
     return 2;
   }
   daemon::block_termination_signals();

@@ -1427,7 +1427,10 @@ Result<pm::RegisterNodeResp> MetaService::register_node(const pm::RegisterNodeRe
 Result<pm::HeartbeatResp> MetaService::node_heartbeat(const pm::NodeHeartbeatReq& req) {
   return durable(node_heartbeat_applied(req));
 }
-Status MetaService::expire() { return durable(expire_applied()); }
+Status MetaService::expire() {
+  leases_.sweep_expired();
+  return durable(expire_applied());
+}
 // Not synced: a dequeue lost in a crash only makes the collector repeat removals, which are
 // idempotent; the next sync (any mutation's, or gc_pending's) makes it durable anyway.
 Status MetaService::gc_done(InodeId ino) { return gc_done_applied(ino); }

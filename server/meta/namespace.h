@@ -152,8 +152,8 @@ class MetaService {
   Result<pm::HeartbeatResp> node_heartbeat(const pm::NodeHeartbeatReq& req);
 
   // ---- maintenance (the daemon calls these from its own threads) ----
-  // Expires sessions whose lease passed (dropping their opens) and marks nodes offline whose last
-  // heartbeat is older than node_timeout. Returns the first store error (and goes on with others).
+  // Expires sessions whose lease passed (dropping their opens), marks nodes offline whose last
+  // heartbeat is older than node_timeout, and forgets entry leases that have ended. Returns the first store error (and goes on with others).
   Status expire();
   // Up to `max` queued GC jobs in inode order, starting after `after`.
   Result<std::vector<GcTask>> gc_pending(InodeId after, size_t max);

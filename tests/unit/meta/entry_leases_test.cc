@@ -191,7 +191,30 @@ TEST_F(MetaLeaseTest, RmdirAndRenameByAnotherSessionWaitTheLeaseOut) {
   ASSERT_TRUE(svc_->rename(pm::RenameReq{kRootInode, "e2", kRootInode, "e3", 0, b_}).is_ok());
   EXPECT_EQ(time_.sleeps.size(), 2u) << "B's rename of the name A's kernel now trusts must wait";
   // A failed change waits too (it cannot know in advance), but leaves every lease in place.
-  EXPECT_EQ(svc_->rmdir(pm::NameReq{kRootInode, "missing", b_}).code(), Code::kNotFound);
+  ASSERT_EQ(lease("e3", a_), kTerm);
+  EXPECT_EQ(svc_->rmdir(pm::NameReq{kRootInode, "e3x", b_}).code(), Code::kNotFound);
+  EXPECT_EQ(time_.sleeps.size(), 2u) << "no lease on that name";
+  EXPECT_EQ(svc_->rename(pm::RenameReq{kRootInode, "nope", kRootInode, "e3", 0, a_}).code(), Code::kNotFound);
+  EXPECT_EQ(time_.sleeps.size(), 2u) << "A's own lease does not delay A";
+  ASSERT_TRUE(svc_->rmdir(pm::NameReq{kRootInode, "e3", b_}).is_ok());
+  EXPECT_EQ(time_.sleeps.size(), 3u) << "A's lease survived A's failed rename";
+}
+
+TEST_F(MetaLeaseTest, ExchangeAndReplacingRenamesWaitForEitherName) {
+  ASSERT_TRUE(svc_->symlink(pm::SymlinkReq{kRootInode, "f", "x", proto::Caller{0, 0}}).has_value());
+  // A trusts "e"; B swaps a symlink with it: A's dentry "e" would point at the wrong inode.
+  ASSERT_EQ(lease("e", a_), kTerm);
+  ASSERT_TRUE(svc_->rename(pm::RenameReq{kRootInode, "f", kRootInode, "e", pm::kRenameExchange, b_}).is_ok());
+  EXPECT_EQ(time_.sleeps.size(), 1u);
+  // A trusts "d"; B moves another empty directory over it.
+  ASSERT_TRUE(svc_->mkdir(pm::MkdirReq{kRootInode, "g", 0755, proto::Caller{0, 0}}).has_value());
+  ASSERT_EQ(lease("d", a_), kTerm);
+  ASSERT_TRUE(svc_->rename(pm::RenameReq{kRootInode, "g", kRootInode, "d", 0, b_}).is_ok());
+  EXPECT_EQ(time_.sleeps.size(), 2u);
+  // Expired leases are swept by the periodic expiry.
+  time_.now += kTerm + kGrace;
+  ASSERT_TRUE(svc_->expire().is_ok());
+  EXPECT_EQ(lease("d", SessionId()), 0);
 }
 
 }  // namespace
