@@ -343,8 +343,7 @@ void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
 // `se` is read before the reply, which frees req.
 void forget_entries_if_unknown(fuse_session* se, const Status& st,
                                std::initializer_list<std::pair<fuse_ino_t, const char*>> names) {
-  if (st.code() != Code::kTimeout && st.code() != Code::kUnavailable) return;
-  if (se == nullptr) return;
+  if (!failed_in_transit(st.code()) || se == nullptr) return;
   for (const auto& [parent, name] : names) {
     const int rc = fuse_lowlevel_notify_inval_entry(se, parent, name, std::strlen(name));
     if (rc != 0 && rc != -ENOENT) {

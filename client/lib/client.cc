@@ -103,7 +103,7 @@ Status Client::start() {
     meta::RegisterSessionReq req{options_.client_name, local_hostname()};
     auto r = meta_->call<meta::RegisterSession>(req, first);
     if (!r.has_value()) {
-      if (r.error().code() == Code::kUnavailable || r.error().code() == Code::kTimeout) {
+      if (failed_in_transit(r.error().code())) {
         return unreachable(r.error());
       }
       return r.error().with_context("register session at penstock-meta " + options_.meta_address);
@@ -115,8 +115,7 @@ Status Client::start() {
   }
   auto map = meta_->call<meta::GetClusterMap>(proto::Empty{}, first);
   if (!map.has_value()) {
-    if (!options_.register_session &&
-        (map.error().code() == Code::kUnavailable || map.error().code() == Code::kTimeout)) {
+    if (!options_.register_session && failed_in_transit(map.error().code())) {
       return unreachable(map.error());
     }
     return map.error().with_context("load the cluster map from penstock-meta " + options_.meta_address);
@@ -237,8 +236,7 @@ void Client::merge_local_size(proto::InodeAttr* attr) {
 Result<proto::InodeAttr> Client::merged(const DirAttrCache::Ticket& t, Result<meta::AttrResp> r) {
   if (!r.has_value()) {
     // A lost reply: the change may have been applied, the parent's new attributes are unknown.
-    const Code c = r.error().code();
-    if (c == Code::kTimeout || c == Code::kUnavailable) dir_attrs_.invalidate_all();
+    if (failed_in_transit(r.error().code())) dir_attrs_.invalidate_all();
     return std::move(r).error();
   }
   dir_attrs_.offer(t, r->attr);
@@ -268,11 +266,10 @@ Result<Client::Entry> Client::lookup_entry(InodeId parent, const std::string& na
   // kernel's trust inside the lease (the server waits a further grace period on top).
   // 100 ms covers jiffy rounding and a thread descheduled between here and the kernel.
   constexpr auto kMargin = std::chrono::milliseconds(100);
-  const DirAttrCache::Ticket t = dir_attrs_.ticket();
-  const auto sent = t.sent;
+  const DirAttrCache::Ticket t = dir_attrs_.ticket();  // t.sent: when the call left
   auto r = meta_call<meta::Lookup>(meta::LookupReq{parent, name, session()});
   if (!r.has_value()) return std::move(r).error();
-  const auto left = std::chrono::nanoseconds(r->entry_lease_ns) - (std::chrono::steady_clock::now() - sent) - kMargin;
+  const auto left = std::chrono::nanoseconds(r->entry_lease_ns) - (std::chrono::steady_clock::now() - t.sent) - kMargin;
   Entry e;
   e.trust_s = r->entry_lease_ns > 0 && left.count() > 0 ? std::chrono::duration<double>(left).count() : 0.0;
   PENSTOCK_ASSIGN_OR_RETURN(e.attr, merged(t, std::move(r)));

@@ -10,6 +10,7 @@ DirAttrCache::Ticket DirAttrCache::ticket() const {
 }
 
 void DirAttrCache::offer(const Ticket& t, const proto::InodeAttr& attr) {
+  if (max_age_ <= Clock::duration::zero()) return;  // off: nothing would ever be served
   if (!S_ISDIR(attr.mode) || !attr.ino.valid()) return;
   std::lock_guard lock(mu_);
   if (t.generation != generation_) return;

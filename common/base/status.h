@@ -42,6 +42,10 @@ enum class Code : uint32_t {
   kCancelled = 27,       // ECANCELED: the operation was abandoned (shutdown)
 };
 
+// A call that failed on the way (the server was unreachable, or the deadline passed): whether the
+// server acted on it is unknown, and asking again later may succeed.
+inline bool failed_in_transit(Code code) { return code == Code::kTimeout || code == Code::kUnavailable; }
+
 // Name of a code, e.g. "NotFound". Unknown numbers give "Unknown".
 std::string_view code_name(Code code);
 

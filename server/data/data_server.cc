@@ -227,7 +227,7 @@ void DataServer::meta_loop() {
       }
       if (Clock::now() - last_wait_log >= kWaitLogEvery) {
         last_wait_log = Clock::now();
-        if (st.code() == Code::kUnavailable || st.code() == Code::kTimeout) {
+        if (failed_in_transit(st.code())) {
           PENSTOCK_LOG(Info) << "waiting for penstock-meta at " << meta << " (" << st.to_string() << ")";
         } else {
           PENSTOCK_LOG(Error) << "penstock-meta at " << meta << " refused registration: " << st.to_string()

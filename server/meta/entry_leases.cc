@@ -21,10 +21,7 @@ uint64_t EntryLeases::key(Name n) {
   return h ^ (n.parent.value * 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
 }
 
-uint64_t EntryLeases::epoch() const {
-  std::lock_guard lock(mu_);
-  return epoch_;
-}
+uint64_t EntryLeases::epoch() const { return epoch_.load(std::memory_order_acquire); }
 
 size_t EntryLeases::size() const {
   std::lock_guard lock(mu_);
@@ -53,7 +50,7 @@ int64_t EntryLeases::grant(Name n, SessionId holder, uint64_t epoch_seen) {
   if (options_.term_ns <= 0 || !holder.valid()) return 0;
   const int64_t now = options_.clock();
   std::lock_guard lock(mu_);
-  if (epoch_ != epoch_seen) return 0;
+  if (epoch_.load(std::memory_order_relaxed) != epoch_seen) return 0;
   const uint64_t k = key(n);
   auto it = names_.find(k);
   if (it == names_.end()) {
@@ -138,7 +135,7 @@ EntryLeases::Change::~Change() {
     if (it == leases_.names_.end()) continue;  // cannot happen: changing > 0 keeps it
     if (--it->second.changing == 0 && it->second.holders.empty()) leases_.names_.erase(it);
   }
-  ++leases_.epoch_;
+  leases_.epoch_.fetch_add(1, std::memory_order_release);
 }
 
 }  // namespace penstock::meta

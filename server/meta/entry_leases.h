@@ -21,6 +21,7 @@
 // held while sleeping).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -109,7 +110,9 @@ class EntryLeases {
   const EntryLeaseOptions options_;
   const int64_t restart_guard_until_;  // see the file comment
   mutable std::mutex mu_;
-  uint64_t epoch_ = 0;  // guarded by mu_
+  // Changes finished so far: bumped under mu_ (release) after a change is applied, read without it
+  // (acquire) by every lookup, so the namespace read that follows sees that change.
+  std::atomic<uint64_t> epoch_{0};
   std::unordered_map<uint64_t, Entry> names_;  // guarded by mu_; key(): hash of (parent, name)
 };
 
