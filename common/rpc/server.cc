@@ -4,8 +4,11 @@
 // each new connection to the next one, and its read loop and writer stay on that thread. Handlers
 // run on a separate pool of `worker_threads` because they may block on disk or RocksDB.
 // Each connection's socket state lives on its own strand: the read loop (a coroutine), the response
-// queue and the writer. A worker posts its finished response back to the strand. A handler
-// registered with Dispatch::kInline runs in the read loop itself and queues its response directly.
+// queue and the writer. A worker writes its finished response itself when the connection's socket
+// is idle and the response small (net::send_now under the connection's wire_mu_, the rest of a
+// partial write finished by the strand), which saves waking the I/O thread for it;
+// otherwise it posts the response to the strand's queue. A handler registered with
+// Dispatch::kInline runs in the read loop itself and queues its response directly.
 // Peer bytes are hostile: every length is checked by decode_header before anything is allocated,
 // buffers grow only as bytes actually arrive, and each connection is bounded in requests and bytes
 // in flight (the read loop pauses until responses drain).
@@ -15,14 +18,17 @@
 // A handler may return a file range as its bulk (RequestContext::send_file): handle_request stages
 // it in a pipe on the handler's thread and the writer splices the pipe into the socket after the
 // header and message, so the bytes never pass through user space (file_bulk.h).
-// Lock order: ServerState::mu is a leaf lock (never held while calling out).
+// Lock order: ServerState::mu and ServerConnection::wire_mu_ are leaf locks (never held while
+// calling out).
 #include "common/rpc/server.h"
 
 #include <fcntl.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -49,6 +55,7 @@
 
 #include "common/base/log.h"
 #include "common/net/io_pool.h"
+#include "common/net/tcp/send_now.h"
 #include "common/net/rdma/rdma_transport.h"
 #include "common/proto/frame.h"
 
@@ -67,6 +74,9 @@ constexpr size_t kMaxBatch = 64;                     // responses per gathered w
 constexpr size_t kMaxErrorText = 64 << 10;           // error messages are truncated to this
 constexpr size_t kGrowStep = 1 << 20;                // buffers grow as bytes arrive, not up front
 constexpr size_t kReserveBytes = 8 << 20;            // ...but this much is reserved at once
+// The largest response a worker writes itself (header + message + bulk); larger ones are queued
+// for the strand, whose writer overlaps them with the next.
+constexpr size_t kInlineSendMax = 64 << 10;
 
 uint32_t handler_key(proto::ServiceId service, uint16_t method) {
   return (static_cast<uint32_t>(service) << 16) | method;
@@ -224,15 +234,25 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
     co_return ec;
   }
 
+  bool over_inflight_limits() const {
+    return inflight_.load() >= kMaxInflightRequests || inflight_bytes_.load() >= kMaxInflightBytes;
+  }
+
   asio::awaitable<void> read_frames() {
     std::array<uint8_t, proto::kFrameHeaderSize> hbuf{};
     for (;;) {
       error_code ec;
-      while (!closed_ && (inflight_ >= kMaxInflightRequests || inflight_bytes_ >= kMaxInflightBytes)) {
+      while (!closed_ && over_inflight_limits()) {
         resume_.expires_at(asio::steady_timer::time_point::max());
-        reader_waiting_ = true;
+        // Announce the wait before checking again: a worker that writes a response inline lowers
+        // the counts first and looks at reader_waiting_ after (both sequentially consistent).
+        reader_waiting_.store(true);
+        if (!over_inflight_limits()) {
+          reader_waiting_.store(false);
+          break;
+        }
         co_await resume_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-        reader_waiting_ = false;
+        reader_waiting_.store(false);
       }
       if (closed_) co_return;
       co_await asio::async_read(socket_, asio::buffer(hbuf), asio::redirect_error(asio::use_awaitable, ec));
@@ -284,10 +304,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
         continue;
       }
       asio::post(*server_->workers, [self = shared_from_this(), entry, in = std::move(in), bytes]() mutable {
-        Response resp = self->handle_request(*entry, std::move(in));
-        asio::post(self->strand_, [self, resp = std::move(resp), bytes]() mutable {
-          self->enqueue(std::move(resp), bytes);
-        });
+        self->respond_from_worker(self->handle_request(*entry, std::move(in)), bytes);
       });
     }
   }
@@ -311,6 +328,61 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
     return make_response(in.header, std::move(result), std::move(ctx.bulk_out()));
   }
 
+  // ---- worker ----
+  static size_t frame_bytes(const Response& r) { return r.header.size() + r.message.size() + r.bulk.size(); }
+  static std::vector<iovec> frame_parts(Response& r) {
+    return {iovec{r.header.data(), r.header.size()}, iovec{r.message.data(), r.message.size()},
+            iovec{r.bulk.data(), r.bulk.size()}};
+  }
+
+  // Sends a worker's response: written right here when the socket is idle and the response small
+  // (see the file comment), else queued on the strand. `bytes`: the request's in-flight bytes.
+  void respond_from_worker(Response resp, uint64_t bytes) {
+    if (resp.pipe || resp.close_after || frame_bytes(resp) > kInlineSendMax) {
+      asio::post(strand_, [self = shared_from_this(), resp = std::move(resp), bytes]() mutable {
+        self->enqueue(std::move(resp), bytes);
+      });
+      return;
+    }
+    std::unique_lock<std::mutex> lock(wire_mu_);
+    if (wire_closed_) return;  // the connection is gone; its counts no longer matter
+    if (wire_busy_) {
+      lock.unlock();
+      asio::post(strand_, [self = shared_from_this(), resp = std::move(resp), bytes]() mutable {
+        self->enqueue(std::move(resp), bytes);
+      });
+      return;
+    }
+    const net::SendNow r = net::send_now(socket_.native_handle(), frame_parts(resp));
+    if (r.error != 0) {
+      lock.unlock();
+      asio::post(strand_, [self = shared_from_this(), err = r.error] {
+        PENSTOCK_LOG(Debug) << "writing to " << self->peer_ << " failed: " << std::strerror(err);
+        self->close();
+      });
+      return;
+    }
+    if (r.sent < frame_bytes(resp)) {
+      wire_busy_ = true;  // kept until the strand wrote the rest
+      lock.unlock();
+      asio::post(strand_, [self = shared_from_this(), resp = std::move(resp), bytes, sent = r.sent]() mutable {
+        self->finish_inline(std::move(resp), bytes, sent);
+      });
+      return;
+    }
+    const bool strand_waits = strand_waits_;
+    strand_waits_ = false;
+    lock.unlock();
+    inflight_.fetch_sub(1);
+    inflight_bytes_.fetch_sub(bytes);
+    if (strand_waits || reader_waiting_.load()) {
+      asio::post(strand_, [self = shared_from_this()] {
+        if (self->reader_waiting_.load()) self->resume_.cancel();
+        self->do_write();
+      });
+    }
+  }
+
   // ---- strand ----
   // A request stays in flight (inflight_, inflight_bytes_) until its response is written, and its
   // response's bytes count too: a peer that sends requests but never reads the answers makes the
@@ -320,19 +392,45 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
     resp.inflight_bytes = bytes + resp.h.message_len + resp.h.bulk_len;
     inflight_bytes_ += resp.h.message_len + resp.h.bulk_len;
     queue_.push_back(std::move(resp));
-    if (!writing_) do_write();
+    do_write();
+  }
+
+  // The rest of a worker's partial write: `done` bytes of `resp` are in the socket and the wire is
+  // still held for it.
+  void finish_inline(Response resp, uint64_t bytes, size_t done) {
+    if (closed_) return;
+    resp.inflight_bytes = bytes + resp.h.message_len + resp.h.bulk_len;
+    inflight_bytes_ += resp.h.message_len + resp.h.bulk_len;
+    batch_.clear();
+    buffers_.clear();
+    batch_.push_back(std::move(resp));
+    for (const iovec& part : net::unsent_rest(frame_parts(batch_.front()), done)) {
+      buffers_.emplace_back(part.iov_base, part.iov_len);
+    }
+    write_buffers();
   }
 
   // The batch was written (or failed): its requests leave the in-flight counts.
   void release_batch() {
     for (const Response& r : batch_) {
-      --inflight_;
-      inflight_bytes_ -= r.inflight_bytes;
+      inflight_.fetch_sub(1);
+      inflight_bytes_.fetch_sub(r.inflight_bytes);
     }
-    if (reader_waiting_) resume_.cancel();
+    if (reader_waiting_.load()) resume_.cancel();
   }
 
+  // Takes the socket's write side and writes the next batch of queued responses; when a worker
+  // holds it, the worker calls this again once it lets go.
   void do_write() {
+    if (queue_.empty()) return;
+    {
+      std::lock_guard<std::mutex> lock(wire_mu_);
+      if (wire_busy_) {
+        strand_waits_ = true;
+        return;
+      }
+      wire_busy_ = true;
+    }
     batch_.clear();
     buffers_.clear();
     while (!queue_.empty() && batch_.size() < kMaxBatch) {
@@ -341,16 +439,16 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
       if (batch_.back().close_after) break;  // nothing after it will be sent
       if (batch_.back().pipe) break;         // its bulk follows from the pipe (splice_out)
     }
-    if (batch_.empty()) {
-      writing_ = false;
-      return;
-    }
     for (const auto& r : batch_) {
       buffers_.emplace_back(r.header.data(), r.header.size());
       if (!r.message.empty()) buffers_.emplace_back(r.message.data(), r.message.size());
       if (!r.bulk.empty()) buffers_.emplace_back(r.bulk.data(), r.bulk.size());
     }
-    writing_ = true;
+    write_buffers();
+  }
+
+  // Writes buffers_ (the frames of batch_). REQUIRES: the wire is ours.
+  void write_buffers() {
     asio::async_write(socket_, buffers_,
                       asio::bind_executor(strand_, [self = shared_from_this()](error_code ec, size_t) {
                         self->on_written(ec);
@@ -363,7 +461,11 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
       splice_out();
       return;
     }
-    writing_ = false;
+    {
+      std::lock_guard<std::mutex> lock(wire_mu_);
+      wire_busy_ = false;
+      strand_waits_ = false;  // the strand itself carries on below
+    }
     const bool close_now = !batch_.empty() && batch_.back().close_after;
     release_batch();
     batch_.clear();
@@ -415,6 +517,10 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   void close() {
     if (closed_) return;
     closed_ = true;
+    {
+      std::lock_guard<std::mutex> lock(wire_mu_);  // no worker is inside its sendmsg after this
+      wire_closed_ = true;
+    }
     error_code ignored;
     socket_.shutdown(tcp::socket::shutdown_both, ignored);
     socket_.close(ignored);
@@ -429,13 +535,21 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   asio::steady_timer resume_;
   const std::string peer_;
 
+  // The socket's write side: whoever holds it (the strand's writer, or a worker in its inline
+  // write) is the only one writing.
+  std::mutex wire_mu_;                  // leaf
+  bool wire_busy_ = false;              // guarded by wire_mu_
+  bool wire_closed_ = false;            // guarded by wire_mu_: the socket is (being) closed
+  bool strand_waits_ = false;           // guarded by wire_mu_: the strand has queued responses
+
+  // Counted by the strand and by workers that write their own responses.
+  std::atomic<uint32_t> inflight_{0};
+  std::atomic<uint64_t> inflight_bytes_{0};
+  std::atomic<bool> reader_waiting_{false};
+
   // Strand-only state.
   bool closed_ = false;
-  bool reader_waiting_ = false;
-  bool writing_ = false;
   uint32_t pipe_left_ = 0;  // bytes of batch_.back().pipe not yet in the socket
-  uint32_t inflight_ = 0;
-  uint64_t inflight_bytes_ = 0;
   std::deque<Response> queue_;
   std::vector<Response> batch_;
   std::vector<asio::const_buffer> buffers_;

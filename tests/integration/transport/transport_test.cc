@@ -216,6 +216,59 @@ TYPED_TEST(TransportTest, LargeAndOddBulkBothWaysByteForByte) {
   }
 }
 
+// Requests and responses up to 64 KiB are written by the calling thread (client) and by the
+// worker (server) when the connection is idle; the rest of a partial write is finished by the I/O
+// thread. Eight threads sending frames on both sides of that size keep the sockets full, so whole,
+// partial and queued writes interleave; every byte must come back in place.
+// Slow calls between them make the server fall behind, so the client's writes are cut short too.
+TYPED_TEST(TransportTest, FramesAroundTheInlineSendSizeFromEightThreadsByteForByte) {
+  constexpr int kThreads = 8;
+  constexpr int kPerThread = 48;
+  std::vector<std::vector<uint8_t>> outs, ins;
+  for (int i = 0; i < kThreads * kPerThread; ++i) {
+    const size_t n = (56u << 10) + static_cast<size_t>(i) * 331 % (16u << 10);  // 56 to 72 KiB
+    outs.push_back(pattern(n, static_cast<uint8_t>(i)));
+    ins.emplace_back(n, 0);
+  }
+  std::atomic<int> done{0};
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < kPerThread; ++k) {
+        const int i = t * kPerThread + k;
+        EchoReq req;
+        req.echo_bulk = true;
+        req.text = std::to_string(i);
+        rpc::CallOptions opts;
+        opts.bulk_out = outs[static_cast<size_t>(i)];
+        opts.bulk_in = ins[static_cast<size_t>(i)];
+        opts.timeout = 60s;
+        this->client_->template call_async<Echo>(req, opts, [&, i](Result<EchoResp> r) {
+          if (!r.has_value() || r->text != std::to_string(i)) bad.fetch_add(1);
+          done.fetch_add(1);
+        });
+        // A slow call with the same bulk: the server's workers fall behind, its readers pause at
+        // the in-flight limit and the client's socket fills, so its writes are cut short too.
+        rpc::CallOptions slow;
+        slow.bulk_out = outs[static_cast<size_t>(i)];
+        slow.timeout = 60s;
+        this->client_->template call_async<Sleep>(SleepReq{20, 0}, slow, [&](Result<proto::Empty> r) {
+          if (!r.has_value()) bad.fetch_add(1);
+          done.fetch_add(1);
+        });
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  const auto deadline = std::chrono::steady_clock::now() + 90s;
+  while (done.load() < 2 * kThreads * kPerThread && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(done.load(), 2 * kThreads * kPerThread);
+  EXPECT_EQ(bad.load(), 0);
+  for (size_t i = 0; i < outs.size(); ++i) EXPECT_EQ(ins[i], outs[i]) << i;
+}
+
 TYPED_TEST(TransportTest, BulkInOnlyOddSizes) {
   for (uint32_t n : {1u, 4097u, (1u << 20) + 3, (3u << 20) + 1}) {
     std::vector<uint8_t> in(n, 0);
