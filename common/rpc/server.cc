@@ -173,6 +173,14 @@ struct ServerState {
   // RDMA listener thread: looks the handler up and runs it on the worker pool.
   void dispatch_rdma(std::shared_ptr<net::RdmaRequest> req);
   Status start_rdma();
+  // Where a request for `entry` runs (not for inline handlers).
+  asio::thread_pool& pool_for(const HandlerEntry& entry) {
+    return entry.dispatch == Dispatch::kWaiting && waiters ? *waiters : *workers;
+  }
+  void join_pools() {
+    workers->join();
+    if (waiters) waiters->join();
+  }
 
   ServerOptions options;
   std::unordered_map<uint32_t, HandlerEntry> handlers;  // frozen by start()
@@ -180,6 +188,7 @@ struct ServerState {
   Strand accept_strand;
   tcp::acceptor acceptor;
   std::unique_ptr<asio::thread_pool> workers;
+  std::unique_ptr<asio::thread_pool> waiters;  // Dispatch::kWaiting, when options.waiting_threads > 0
   PipePool pipes;  // for responses whose bulk is a file range (file_bulk.h)
   uint16_t port = 0;
   std::unique_ptr<net::RdmaListener> rdma;  // set by start() when listening for RDMA
@@ -303,7 +312,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
         if (closed_) co_return;
         continue;
       }
-      asio::post(*server_->workers, [self = shared_from_this(), entry, in = std::move(in), bytes]() mutable {
+      asio::post(server_->pool_for(*entry), [self = shared_from_this(), entry, in = std::move(in), bytes]() mutable {
         self->respond_from_worker(self->handle_request(*entry, std::move(in)), bytes);
       });
     }
@@ -312,7 +321,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   // A worker thread, or the strand for an inline handler. A file bulk is staged here, so a disk
   // read it needs blocks this thread, not the connection's writer.
   Response handle_request(const HandlerEntry& entry, Incoming in) {
-    RequestContext ctx(in.bulk, peer_, /*can_send_file=*/entry.dispatch == Dispatch::kWorker);
+    RequestContext ctx(in.bulk, peer_, /*can_send_file=*/entry.dispatch != Dispatch::kInline);
     Result<std::string> result = invoke(entry, in.message, ctx);
     if (!result.has_value() && result.error().code() == Code::kProtocol) {
       PENSTOCK_LOG(Warn) << "closing connection from " << peer_ << " after an undecodable " << entry.name
@@ -604,7 +613,7 @@ void ServerState::dispatch_rdma(std::shared_ptr<net::RdmaRequest> req) {
     return;
   }
   const HandlerEntry* entry = &it->second;
-  asio::post(*workers, [entry, req = std::move(req)] {
+  asio::post(pool_for(*entry), [entry, req = std::move(req)] {
     RequestContext ctx(req->bulk(), "rdma " + req->peer());
     Result<std::string> result = invoke(*entry, req->message(), ctx);
     if (!result.has_value() && result.error().code() == Code::kProtocol) {
@@ -686,10 +695,14 @@ Status RpcServer::start() {
   if (ec) return fail("local_endpoint", ec);
 
   s.workers = std::make_unique<asio::thread_pool>(static_cast<size_t>(std::max(1, s.options.worker_threads)));
+  if (s.options.waiting_threads > 0) {
+    s.waiters = std::make_unique<asio::thread_pool>(static_cast<size_t>(s.options.waiting_threads));
+  }
   Status rdma_status = s.start_rdma();
   if (!rdma_status.is_ok()) {
-    s.workers->join();
+    s.join_pools();
     s.workers.reset();
+    s.waiters.reset();
     error_code ignored;
     s.acceptor.close(ignored);
     return rdma_status;
@@ -726,7 +739,7 @@ void RpcServer::stop() {
   conns.clear();
   if (s.rdma) s.rdma->stop();  // closes RDMA connections; replies of running handlers are dropped
   // Running handlers finish; their responses are dropped by the closed connections.
-  s.workers->join();
+  s.join_pools();
   s.rdma.reset();
   s.pool.drain(std::chrono::seconds(5));
   std::lock_guard<std::mutex> lock(s.mu);

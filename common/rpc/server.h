@@ -68,6 +68,8 @@ struct ServerOptions {
   net::Endpoint listen{"127.0.0.1", 0};  // port 0: pick a free port (see port())
   int io_threads = 1;
   int worker_threads = 4;
+  // Threads for Dispatch::kWaiting handlers, a pool of their own; 0: they share the workers.
+  int waiting_threads = 0;
   uint32_t max_connections = 1024;
   RdmaMode rdma = RdmaMode::kOff;
   // The RDMA listener's port on the same host; 0: the TCP port's number (rdma_cm ports are a space
@@ -79,8 +81,11 @@ struct ServerOptions {
 // RocksDB or on a group commit. kInline: on the connection's I/O thread as soon as the request is
 // read, saving two thread hops per request (worth ~2x on small metadata RPCs with 2 cores); only
 // for handlers that finish in microseconds and block rarely (an in-memory or memtable read), since
-// the connection reads nothing else meanwhile. Requests arriving over RDMA always use the pool.
-enum class Dispatch { kWorker, kInline };
+// the connection reads nothing else meanwhile. kWaiting: on a pool of their own
+// (ServerOptions::waiting_threads), for handlers that may sleep for a long while (penstock-meta's
+// rmdir and rename waiting out entry leases), so that they never hold the workers every other
+// request needs. Requests arriving over RDMA use the worker or the waiting pool too.
+enum class Dispatch { kWorker, kInline, kWaiting };
 
 class RpcServer {
  public:

@@ -12,6 +12,11 @@ Result<proto::Empty> empty_or(Status st) {
   return proto::Empty{};
 }
 
+rpc::ServerOptions with_waiting_pool(rpc::ServerOptions options) {
+  if (options.waiting_threads == 0) options.waiting_threads = kLeaseWaitThreads;
+  return options;
+}
+
 }  // namespace
 
 void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
@@ -36,8 +41,12 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
   server.handle<pm::Mknod>([&svc](const pm::MknodReq& r, RequestContext&) { return svc.mknod(r); });
   server.handle<pm::Mkdir>([&svc](const pm::MkdirReq& r, RequestContext&) { return svc.mkdir(r); });
   server.handle<pm::Unlink>([&svc](const pm::NameReq& r, RequestContext&) { return empty_or(svc.unlink(r)); });
-  server.handle<pm::Rmdir>([&svc](const pm::NameReq& r, RequestContext&) { return empty_or(svc.rmdir(r)); });
-  server.handle<pm::Rename>([&svc](const pm::RenameReq& r, RequestContext&) { return empty_or(svc.rename(r)); });
+  // rmdir and rename may sleep until other mounts' entry leases on their names ended (up to the
+  // lease term plus grace): they run on the waiting pool, so that they never hold the workers.
+  server.handle<pm::Rmdir>([&svc](const pm::NameReq& r, RequestContext&) { return empty_or(svc.rmdir(r)); },
+                           rpc::Dispatch::kWaiting);
+  server.handle<pm::Rename>([&svc](const pm::RenameReq& r, RequestContext&) { return empty_or(svc.rename(r)); },
+                            rpc::Dispatch::kWaiting);
   server.handle<pm::Link>([&svc](const pm::LinkReq& r, RequestContext&) { return svc.link(r); });
   server.handle<pm::Symlink>([&svc](const pm::SymlinkReq& r, RequestContext&) { return svc.symlink(r); });
   server.handle<pm::Readlink>([&svc](const pm::InodeReq& r, RequestContext&) { return svc.readlink(r); },
@@ -74,7 +83,7 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
 }
 
 MetaServer::MetaServer(MetaService& service, rpc::ServerOptions options)
-    : server_(std::make_unique<rpc::RpcServer>(std::move(options))) {
+    : server_(std::make_unique<rpc::RpcServer>(with_waiting_pool(std::move(options)))) {
   register_meta_handlers(*server_, service);
 }
 

@@ -15,6 +15,12 @@ namespace penstock::meta {
 // REQUIRES: server not started yet; service outlives server.
 void register_meta_handlers(rpc::RpcServer& server, MetaService& service);
 
+// Threads for rmdir and rename, which may wait out other mounts' entry leases (up to the lease
+// term plus grace each): a pool apart from the workers, so that a burst of such changes delays
+// only other renames and rmdirs, never creates, writes or opens. Sleeping threads cost no CPU.
+// Used when the server options name no waiting_threads of their own.
+constexpr int kLeaseWaitThreads = 16;
+
 class MetaServer {
  public:
   MetaServer(MetaService& service, rpc::ServerOptions options);

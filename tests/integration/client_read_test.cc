@@ -3,11 +3,13 @@
 // hits out as spans of the pinned cached blocks (no copy into the caller's scratch buffer), reads
 // that miss the cache land in the scratch buffer, and every semantic of Client::read holds (EOF
 // clipping, own buffered writes drained first, holes as zeros, generations); and the remembered
-// absence of security.capability (asked before every write).
+// absence of security.capability (asked before every write); and renames that wait out entry
+// leases beside creates.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -302,6 +304,47 @@ TEST(ClientXattrTest, CapabilityAbsenceIsRememberedForTheTtlOnly) {
   v = c1.getxattr(ino, "user.tag");
   ASSERT_TRUE(v.has_value()) << "an ordinary xattr was cached: " << v.error().to_string();
   EXPECT_EQ(*v, "t");
+  c2->reset();
+}
+
+// rmdir and rename of a directory another client looked up wait until its entry lease ends (about
+// a second). They run on penstock-meta's waiting pool: more of them at once than the server has
+// workers must not hold up a create, which finishes while every one of them still waits.
+TEST_F(ClientReadTest, RenamesWaitingOutLeasesDoNotHoldUpCreates) {
+  constexpr int kRenames = 8;  // twice the in-process meta server's workers
+  const proto::Caller root{0, 0};
+  client::ClientOptions o2;
+  o2.meta_address = cluster_.meta_address();
+  o2.transport = net::TransportKind::kTcp;
+  o2.call_timeout = 60s;
+  auto c2 = client::Client::connect(o2);
+  ASSERT_TRUE(c2.has_value()) << c2.error().to_string();
+  for (int i = 0; i < kRenames; ++i) {
+    const std::string name = "leased-" + std::to_string(i);
+    ASSERT_TRUE(client_->mkdir(InodeId{1}, name, S_IFDIR | 0755, root).has_value());
+    auto e = (*c2)->lookup_entry(InodeId{1}, name);  // the second client now holds a lease on it
+    ASSERT_TRUE(e.has_value()) << e.error().to_string();
+    ASSERT_GT(e->trust_s, 0.0) << "no lease granted: the renames below would not wait";
+  }
+  std::atomic<int> renamed{0};
+  std::vector<std::thread> renames;
+  for (int i = 0; i < kRenames; ++i) {
+    renames.emplace_back([&, i] {
+      const std::string name = "leased-" + std::to_string(i);
+      EXPECT_TRUE(client_->rename(InodeId{1}, name, InodeId{1}, "moved-" + std::to_string(i), 0).is_ok());
+      renamed.fetch_add(1);
+    });
+  }
+  std::this_thread::sleep_for(100ms);  // every rename has reached the server and waits
+  auto f = client_->create(InodeId{1}, "not-held-up", S_IFREG | 0644, root);
+  const int renamed_when_created = renamed.load();
+  ASSERT_TRUE(f.has_value()) << f.error().to_string();
+  EXPECT_EQ(renamed_when_created, 0) << "the create waited for renames that wait out leases";
+  for (auto& t : renames) t.join();
+  EXPECT_EQ(renamed.load(), kRenames);
+  for (int i = 0; i < kRenames; ++i) {
+    EXPECT_TRUE(client_->lookup(InodeId{1}, "moved-" + std::to_string(i)).has_value()) << i;
+  }
   c2->reset();
 }
 
