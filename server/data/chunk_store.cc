@@ -552,7 +552,9 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
     const uint64_t content_end = std::min(round_down(end - 1) + kB, new_len);
     const uint64_t direct_end = std::max(a, round_down(content_end));
     std::span<uint8_t> buf = t_bounce.get(content_end - a);
-    std::fill(buf.begin(), buf.end(), 0);
+    // Zeros only where neither old bytes nor the write land: before `off` and after `end`.
+    std::fill(buf.begin(), buf.begin() + static_cast<ptrdiff_t>(off - a), 0);
+    if (content_end > end) std::fill(buf.begin() + static_cast<ptrdiff_t>(end - a), buf.end(), 0);
     for (size_t i = 0; i < old_blocks.size(); ++i) {
       const uint64_t bstart = old_blocks[i] * kB;
       if (bstart < a) continue;  // an old partial last block before a gap: not rewritten
