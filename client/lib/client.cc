@@ -1,5 +1,6 @@
 #include "client/lib/client.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -273,6 +274,7 @@ Result<Client::Entry> Client::lookup_entry(InodeId parent, const std::string& na
   Entry e;
   e.trust_s = r->entry_lease_ns > 0 && left.count() > 0 ? std::chrono::duration<double>(left).count() : 0.0;
   PENSTOCK_ASSIGN_OR_RETURN(e.attr, merged(t, std::move(r)));
+  note_small_file(e.attr);
   return e;
 }
 
@@ -399,6 +401,7 @@ Status Client::removexattr(InodeId ino, const std::string& name) {
 }
 
 Result<proto::InodeAttr> Client::open(InodeId ino, uint32_t flags, bool* unchanged) {
+  prefetch_small_file(ino, flags);
   auto r = attr_call<meta::Open>(meta::OpenReq{ino, session(), flags});
   if (!r.has_value()) return r;
   // Close-to-open: cached blocks of an older generation go now.
@@ -718,6 +721,94 @@ Status Client::read_ranges(InodeId ino, const proto::Layout& layout,
     if (!fill.is_ok()) return fill.with_context(tasks[i].what);
   }
   return Status::ok();
+}
+
+void Client::note_small_file(const proto::InodeAttr& attr) {
+  if (!is_regular(attr) || attr.size == 0 || attr.layout.chunk_size == 0 || cache_->capacity() == 0) return;
+  if (attr.size > block_size(attr.layout)) return;
+  std::lock_guard<std::mutex> lock(looked_up_mu_);
+  // Bounded: forgetting costs only the overlap at the next open of a forgotten file.
+  if (looked_up_.size() >= (1u << 16)) looked_up_.clear();
+  looked_up_[attr.ino] = LookedUp{attr.generation, attr.size, attr.layout};
+}
+
+// Reading a small file is open + one read: with the attributes of the lookup that preceded the
+// open, its one block is fetched at once instead of after the meta open returns. The block is
+// cached under the lookup's generation, so if the open finds a newer one, set_generation() drops
+// it unread (close-to-open holds); the read joins the fetch in flight (ChunkCache).
+void Client::prefetch_small_file(InodeId ino, uint32_t flags) {
+  if ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC) != 0) return;
+  LookedUp f;
+  {
+    std::lock_guard<std::mutex> lock(looked_up_mu_);
+    auto it = looked_up_.find(ino);
+    if (it == looked_up_.end()) return;
+    f = std::move(it->second);
+    looked_up_.erase(it);
+  }
+  {
+    // Opened before at this generation: the kernel may still hold the pages (keep_cache) and then
+    // sends no read at all.
+    std::lock_guard<std::mutex> lock(opened_mu_);
+    auto it = opened_.find(ino);
+    if (it != opened_.end() && it->second.generation == f.generation) return;
+  }
+  {
+    // Our own writes not yet reported are not in the lookup's generation.
+    std::lock_guard<std::mutex> lock(files_mu_);
+    if (files_.count(ino) != 0) return;
+  }
+  if (wb_find(ino) != nullptr || pool_->stopped()) return;
+  auto lk = cache_->get_or_start(ino, f.generation, 0, block_length(block_size(f.layout), 0, f.size));
+  if (lk.fetch) fetch_block_async(ino, f.layout, std::move(lk.block));
+}
+
+// Sent by the calling thread and completed by the reply on the I/O thread: no thread wakes up to
+// send it and nobody waits for it (a reader that comes early waits on the block). The fast path
+// only; anything else (no route yet, an error reply, a block failing its checksum) hands the block
+// to fetch_block() on the pool, which has the map refreshes and the verified re-reads.
+void Client::fetch_block_async(InodeId ino, const proto::Layout& layout, std::shared_ptr<CachedBlock> block) {
+  auto slow_path = [this, ino, layout, block] {
+    const bool queued = pool_->try_submit([this, ino, layout, block] { fetch_block(ino, layout, block); });
+    if (!queued) {  // shutting down: nobody may block on an I/O thread now
+      cache_->erase(ino, block);
+      block->complete(Status(Code::kUnavailable, "the client is shutting down"));
+    }
+  };
+  auto plan = plan_chunk_io(layout, block->offset(), block->length());
+  auto current = routes();
+  if (!plan.has_value() || plan->size() != 1 || current == nullptr) return slow_path();
+  const ChunkIo io = plan->front();
+  DataTask task;
+  task.chain = io.chain;
+  task.to_tail = true;
+  auto route = resolve(*current, task);
+  if (!route.has_value()) return slow_path();
+  auto rpc = data_client(route->address);
+  if (!rpc.has_value()) return slow_path();
+  data::ReadReq req;
+  req.key = data::ChunkKey{route->chain, route->target, ino, io.chunk_index, layout.chunk_size};
+  req.offset = io.offset_in_chunk;
+  req.length = io.length;
+  req.verify_at_client = true;
+  auto received = std::make_shared<uint32_t>(0);
+  rpc::CallOptions opts;
+  opts.bulk_in = block->buffer();
+  opts.bulk_received = received.get();
+  (*rpc)->call_async<data::Read>(req, opts, [block, received, slow_path, keep = *rpc](Result<data::ReadResp> r) {
+    if (!r.has_value()) return slow_path();
+    const std::span<uint8_t> buf = block->buffer();
+    if (*received > buf.size()) return slow_path();
+    if (!r->block_sums.empty()) {
+      const std::span<const uint8_t> got = buf.first(*received);
+      const uint64_t blocks = (got.size() + data::kChecksumBlock - 1) / data::kChecksumBlock;
+      if (r->block_sums.size() != 2 * blocks || checksum::first_bad_block(got, r->block_sums, data::kChecksumBlock) >= 0) {
+        return slow_path();
+      }
+    }
+    if (!zero_fill_tail(buf, *received).is_ok()) return slow_path();
+    block->complete(Status::ok());
+  });
 }
 
 void Client::fetch_block(InodeId ino, const proto::Layout& layout, const std::shared_ptr<CachedBlock>& block) {

@@ -20,7 +20,7 @@
 // Thread-safety: every public method may be called from any number of threads at once. No lock is
 // held across an RPC (the one exception: a write racing shutdown() sends under its file's lock).
 // Lock order: wb_mu_ before a WbFile's mu; a WbFile's mu before the budget's and the pool's locks;
-// files_mu_, routes_mu_, data_mu_, opened_mu_, errors_mu_ and the cache's lock are leaves: nothing
+// files_mu_, routes_mu_, data_mu_, opened_mu_, looked_up_mu_, errors_mu_ and the cache's lock are leaves: nothing
 // is taken while one is held (errors_mu_ itself may be taken under wb_mu_, when write() makes a
 // file's write-behind record).
 #pragma once
@@ -299,6 +299,8 @@ class Client {
                      const std::vector<std::pair<uint64_t, std::span<uint8_t>>>& ranges);
   // Fetches one cache block into its buffer and completes it; drops it from the cache on error.
   void fetch_block(InodeId ino, const proto::Layout& layout, const std::shared_ptr<CachedBlock>& block);
+  // fetch_block() without a thread: sent now, completed by the reply (one try; else fetch_block).
+  void fetch_block_async(InodeId ino, const proto::Layout& layout, std::shared_ptr<CachedBlock> block);
   std::shared_ptr<WbFile> wb_find(InodeId ino);
   // REQUIRES wf->mu held via `lock`. Starts sending the buffer (a pool task).
   void wb_send_locked(InodeId ino, const std::shared_ptr<WbFile>& wf, std::unique_lock<std::mutex>& lock);
@@ -364,6 +366,17 @@ class Client {
   };
   std::mutex opened_mu_;  // leaf lock
   std::unordered_map<InodeId, OpenedVersion> opened_;  // last open of each inode; guarded
+  // Small regular files (one cache block) as the last lookup saw them: a read-only open of one
+  // starts fetching its data while the meta open is on its way (open()); taken by that open.
+  struct LookedUp {
+    uint64_t generation = 0;
+    uint64_t size = 0;
+    proto::Layout layout;
+  };
+  void note_small_file(const proto::InodeAttr& attr);
+  void prefetch_small_file(InodeId ino, uint32_t flags);
+  std::mutex looked_up_mu_;  // leaf lock
+  std::unordered_map<InodeId, LookedUp> looked_up_;  // guarded by looked_up_mu_
   std::unique_ptr<ChunkCache> cache_;
   std::unique_ptr<DirtyBudget> budget_;  // null: write-behind off
   std::mutex wb_mu_;  // may be held while taking a WbFile's mu (wb_retire_if_idle), never the reverse

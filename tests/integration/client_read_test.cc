@@ -6,6 +6,7 @@
 // absence of security.capability (asked before every write); and renames that wait out entry
 // leases beside creates.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -59,18 +60,45 @@ class ClientReadTest : public ::testing::Test {
 
   void TearDown() override { cluster_.stop(); }
 
-  // Creates `name` holding `data`, closed (size reported) and opened again: the attributes of that
-  // open (size, generation) and its layout.
-  proto::InodeAttr make_file(const std::string& name, const std::vector<uint8_t>& data) {
+  // Creates `name` in the root holding `data`, closed (size reported): the create's attributes.
+  proto::InodeAttr write_closed(const std::string& name, const std::vector<uint8_t>& data) {
     const proto::Caller root{0, 0};
     auto attr = client_->create(InodeId{1}, name, S_IFREG | 0644, root);
     EXPECT_TRUE(attr.has_value()) << attr.error().to_string();
     if (!attr.has_value()) return {};
     EXPECT_TRUE(client_->write(attr->ino, attr->layout, 0, data).is_ok());
     EXPECT_TRUE(client_->release(attr->ino).is_ok());
-    auto opened = client_->open(attr->ino, 0);
+    return *attr;
+  }
+
+  // Creates `name` holding `data`, closed (size reported) and opened again: the attributes of that
+  // open (size, generation) and its layout.
+  proto::InodeAttr make_file(const std::string& name, const std::vector<uint8_t>& data) {
+    const proto::InodeAttr attr = write_closed(name, data);
+    if (attr.ino.value == 0) return {};
+    auto opened = client_->open(attr.ino, 0);
     EXPECT_TRUE(opened.has_value()) << opened.error().to_string();
     return opened.has_value() ? *opened : proto::InodeAttr{};
+  }
+
+  // Flips one byte of chunk 0 of `a` on disk, at `offset` in the chunk's data.
+  void damage_first_chunk(const proto::InodeAttr& a, uint64_t offset) {
+    std::string chunk;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(cluster_.dir())) {
+      if (e.is_regular_file() && e.path().filename() == "0" &&
+          e.path().parent_path().filename() == std::to_string(a.ino.value)) {
+        chunk = e.path().string();
+      }
+    }
+    ASSERT_FALSE(chunk.empty()) << "no chunk file of inode " << a.ino.value << " under " << cluster_.dir();
+    const uint64_t at = data::make_chunk_header(a.ino.value, 0, a.layout.chunk_size).data_offset + offset;
+    std::FILE* f = std::fopen(chunk.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fseek(f, static_cast<long>(at), SEEK_SET), 0);
+    const int c = std::fgetc(f);
+    ASSERT_EQ(std::fseek(f, static_cast<long>(at), SEEK_SET), 0);
+    std::fputc(c ^ 0x5a, f);
+    std::fclose(f);
   }
 
   testing::InProcessCluster cluster_;
@@ -110,6 +138,100 @@ TEST_F(ClientReadTest, SequentialCacheHitsAreServedFromPinnedBlocksWithoutCopy) 
   const std::vector<uint8_t> got = concat(pieces);
   EXPECT_TRUE(std::equal(got.begin(), got.end(), data.begin() + (1 << 20) - 100));
   EXPECT_GT(client_->cache_stats().hits, 0u);
+}
+
+// Reading a small file is lookup, open, one read: a read-only open of a file the last lookup saw
+// as one cache block starts its fetch before the meta open returns, and the read joins it.
+TEST_F(ClientReadTest, SmallFileOpenedAfterALookupIsFetchedDuringTheOpen) {
+  const size_t size = (100u << 10) + 77;
+  const std::vector<uint8_t> data = testing::seeded_bytes(size, 11);
+  const proto::InodeAttr created = write_closed("small", data);
+  ASSERT_NE(created.ino.value, 0u);
+
+  auto looked = client_->lookup_entry(InodeId{1}, "small");
+  ASSERT_TRUE(looked.has_value()) << looked.error().to_string();
+  ASSERT_EQ(looked->attr.size, size);
+  const client::CacheStats before = client_->cache_stats();
+  auto a = client_->open(created.ino, O_RDONLY);
+  ASSERT_TRUE(a.has_value()) << a.error().to_string();
+  const client::CacheStats opened = client_->cache_stats();
+  EXPECT_EQ(opened.misses, before.misses + 1) << "the open started no fetch";
+
+  auto ctx = client_->make_read_context(a->generation);
+  std::vector<uint8_t> scratch(size + 1, kSentinel);
+  client::ReadPieces pieces;
+  auto n = client_->read_pieces(a->ino, a->layout, a->size, 0, scratch, ctx.get(), &pieces);
+  ASSERT_TRUE(n.has_value()) << n.error().to_string();
+  ASSERT_EQ(*n, size);
+  const client::CacheStats read = client_->cache_stats();
+  EXPECT_EQ(read.misses, opened.misses) << "the read fetched the file again";
+  EXPECT_EQ(read.hits + read.waits, opened.hits + opened.waits + 1);
+  EXPECT_TRUE(none_in(pieces, scratch));
+  const std::vector<uint8_t> got = concat(pieces);
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), data.begin(), data.end()));
+  pieces.clear();
+  EXPECT_TRUE(client_->release(a->ino).is_ok());
+
+  // Opened before at this generation (the kernel may hold the pages), or opened for writing, or
+  // with no lookup since: no fetch at open.
+  ASSERT_TRUE(client_->lookup_entry(InodeId{1}, "small").has_value());
+  ASSERT_TRUE(client_->open(created.ino, O_RDONLY).has_value());
+  ASSERT_TRUE(client_->release(created.ino).is_ok());
+  ASSERT_TRUE(client_->lookup_entry(InodeId{1}, "small").has_value());
+  ASSERT_TRUE(client_->open(created.ino, O_RDWR).has_value());
+  ASSERT_TRUE(client_->release(created.ino).is_ok());
+  EXPECT_EQ(client_->cache_stats().misses, read.misses);
+}
+
+// The lookup's generation is older than the open's (the file changed in between): the block
+// fetched for it is dropped at the open and the read sees the new bytes.
+TEST_F(ClientReadTest, SmallFileFetchedForAnOlderGenerationIsNotServed) {
+  const size_t size = 64u << 10;
+  const std::vector<uint8_t> first = testing::seeded_bytes(size, 12);
+  const std::vector<uint8_t> second = testing::seeded_bytes(size, 13);
+  const proto::InodeAttr created = write_closed("changing", first);
+  ASSERT_NE(created.ino.value, 0u);
+  auto looked = client_->lookup_entry(InodeId{1}, "changing");
+  ASSERT_TRUE(looked.has_value()) << looked.error().to_string();
+  // Another writer's close (here through the same client's data path) moves the generation on.
+  ASSERT_TRUE(client_->write(created.ino, created.layout, 0, second).is_ok());
+  ASSERT_TRUE(client_->release(created.ino).is_ok());
+  auto a = client_->open(created.ino, O_RDONLY);
+  ASSERT_TRUE(a.has_value()) << a.error().to_string();
+  ASSERT_GT(a->generation, looked->attr.generation);
+  const client::CacheStats opened = client_->cache_stats();
+  auto ctx = client_->make_read_context(a->generation);
+  std::vector<uint8_t> buf(size, kSentinel);
+  auto n = client_->read(a->ino, a->layout, a->size, 0, buf, ctx.get());
+  ASSERT_TRUE(n.has_value()) << n.error().to_string();
+  ASSERT_EQ(*n, size);
+  EXPECT_EQ(buf, second);
+  EXPECT_EQ(client_->cache_stats().misses, opened.misses + 1) << "the read used the older generation's block";
+  EXPECT_TRUE(client_->release(a->ino).is_ok());
+}
+
+// The fetch started at open checks the block sums itself; a failure goes the way of every read
+// (re-read, then the server's verdict): the damaged block is kCorrupt, never cached data.
+TEST_F(ClientReadTest, DamagedSmallFileFetchedDuringTheOpenIsCorrupt) {
+  const size_t size = 40u << 10;
+  const std::vector<uint8_t> data = testing::seeded_bytes(size, 14);
+  const proto::InodeAttr created = write_closed("damaged-small", data);
+  ASSERT_NE(created.ino.value, 0u);
+  ASSERT_NO_FATAL_FAILURE(damage_first_chunk(created, 2 * 4096 + 10));
+  ASSERT_TRUE(client_->lookup_entry(InodeId{1}, "damaged-small").has_value());
+  auto a = client_->open(created.ino, O_RDONLY);
+  ASSERT_TRUE(a.has_value()) << a.error().to_string();
+  auto ctx = client_->make_read_context(a->generation);
+  std::vector<uint8_t> buf(size);
+  for (int i = 0; i < 2; ++i) {
+    SCOPED_TRACE(i);
+    auto r = client_->read(a->ino, a->layout, a->size, 0, buf, ctx.get());
+    ASSERT_FALSE(r.has_value());
+    EXPECT_EQ(r.error().code(), Code::kCorrupt) << r.error().to_string();
+    EXPECT_NE(r.error().message().find("block 2 fails its checksum on target"), std::string::npos)
+        << r.error().message();
+  }
+  EXPECT_TRUE(client_->release(a->ino).is_ok());
 }
 
 TEST_F(ClientReadTest, RandomMissesLandInScratchAndReadCopiesCachedPieces) {
@@ -186,24 +308,7 @@ TEST_F(ClientReadTest, DamagedChunkIsCorruptWhoeverVerifies) {
   const size_t size = 64u << 10;
   const std::vector<uint8_t> data = testing::seeded_bytes(size, 7);
   const proto::InodeAttr a = make_file("damaged", data);
-  std::string chunk;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(cluster_.dir())) {
-    if (e.is_regular_file() && e.path().filename() == "0" &&
-        e.path().parent_path().filename() == std::to_string(a.ino.value)) {
-      chunk = e.path().string();
-    }
-  }
-  ASSERT_FALSE(chunk.empty()) << "no chunk file of inode " << a.ino.value << " under " << cluster_.dir();
-  const uint64_t at = data::make_chunk_header(a.ino.value, 0, a.layout.chunk_size).data_offset + 2 * 4096 + 10;
-  {
-    std::FILE* f = std::fopen(chunk.c_str(), "r+b");
-    ASSERT_NE(f, nullptr);
-    ASSERT_EQ(std::fseek(f, static_cast<long>(at), SEEK_SET), 0);
-    const int c = std::fgetc(f);
-    ASSERT_EQ(std::fseek(f, static_cast<long>(at), SEEK_SET), 0);
-    std::fputc(c ^ 0x5a, f);
-    std::fclose(f);
-  }
+  ASSERT_NO_FATAL_FAILURE(damage_first_chunk(a, 2 * 4096 + 10));
   std::vector<uint8_t> buf(size);
   auto aligned = client_->read(a.ino, a.layout, a.size, 0, buf, nullptr);
   ASSERT_FALSE(aligned.has_value());
