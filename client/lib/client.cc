@@ -152,6 +152,12 @@ void Client::shutdown() {
         PENSTOCK_LOG(Warn) << "writing back inode " << ino.to_string() << " at shutdown: " << st.to_string();
       }
     }
+    {
+      // Fetches sent without a thread (fetch_block_async) may still hand their block to the pool.
+      std::unique_lock<std::mutex> lock(async_mu_);
+      async_closed_ = true;
+      async_cv_.wait(lock, [this] { return async_fetches_ == 0; });
+    }
     if (pool_ != nullptr) pool_->stop();
     {
       std::lock_guard<std::mutex> lock(rel_mu_);
@@ -769,7 +775,14 @@ void Client::prefetch_small_file(InodeId ino, uint32_t flags) {
 // to fetch_block() on the pool, which has the map refreshes and the verified re-reads.
 void Client::fetch_block_async(InodeId ino, const proto::Layout& layout, std::shared_ptr<CachedBlock> block) {
   auto slow_path = [this, ino, layout, block] {
-    const bool queued = pool_->try_submit([this, ino, layout, block] { fetch_block(ino, layout, block); });
+    bool closing = false;
+    {
+      std::lock_guard<std::mutex> lock(async_mu_);
+      closing = async_closed_;
+    }
+    // Once shutdown() began nobody will read the block: no re-reads that would only delay it.
+    const bool queued =
+        !closing && pool_->try_submit([this, ino, layout, block] { fetch_block(ino, layout, block); });
     if (!queued) {  // shutting down: nobody may block on an I/O thread now
       cache_->erase(ino, block);
       block->complete(Status(Code::kUnavailable, "the client is shutting down"));
@@ -791,23 +804,37 @@ void Client::fetch_block_async(InodeId ino, const proto::Layout& layout, std::sh
   req.offset = io.offset_in_chunk;
   req.length = io.length;
   req.verify_at_client = true;
+  bool closed = false;
+  {
+    // shutdown() waits for every reply handled here before it stops the pool.
+    std::lock_guard<std::mutex> lock(async_mu_);
+    closed = async_closed_;
+    if (!closed) ++async_fetches_;
+  }
+  if (closed) return slow_path();
   auto received = std::make_shared<uint32_t>(0);
   rpc::CallOptions opts;
   opts.bulk_in = block->buffer();
   opts.bulk_received = received.get();
-  (*rpc)->call_async<data::Read>(req, opts, [block, received, slow_path, keep = *rpc](Result<data::ReadResp> r) {
-    if (!r.has_value()) return slow_path();
-    const std::span<uint8_t> buf = block->buffer();
-    if (*received > buf.size()) return slow_path();
-    if (!r->block_sums.empty()) {
-      const std::span<const uint8_t> got = buf.first(*received);
-      const uint64_t blocks = (got.size() + data::kChecksumBlock - 1) / data::kChecksumBlock;
-      if (r->block_sums.size() != 2 * blocks || checksum::first_bad_block(got, r->block_sums, data::kChecksumBlock) >= 0) {
-        return slow_path();
+  (*rpc)->call_async<data::Read>(req, opts, [this, block, received, slow_path, keep = *rpc](Result<data::ReadResp> r) {
+    auto finish = [&] {
+      if (!r.has_value()) return slow_path();
+      const std::span<uint8_t> buf = block->buffer();
+      if (*received > buf.size()) return slow_path();
+      if (!r->block_sums.empty()) {
+        const std::span<const uint8_t> got = buf.first(*received);
+        const uint64_t blocks = (got.size() + data::kChecksumBlock - 1) / data::kChecksumBlock;
+        if (r->block_sums.size() != 2 * blocks ||
+            checksum::first_bad_block(got, r->block_sums, data::kChecksumBlock) >= 0) {
+          return slow_path();
+        }
       }
-    }
-    if (!zero_fill_tail(buf, *received).is_ok()) return slow_path();
-    block->complete(Status::ok());
+      if (!zero_fill_tail(buf, *received).is_ok()) return slow_path();
+      block->complete(Status::ok());
+    };
+    finish();
+    std::lock_guard<std::mutex> lock(async_mu_);  // the last use of `this`
+    if (--async_fetches_ == 0) async_cv_.notify_all();
   });
 }
 

@@ -20,7 +20,7 @@
 // Thread-safety: every public method may be called from any number of threads at once. No lock is
 // held across an RPC (the one exception: a write racing shutdown() sends under its file's lock).
 // Lock order: wb_mu_ before a WbFile's mu; a WbFile's mu before the budget's and the pool's locks;
-// files_mu_, routes_mu_, data_mu_, opened_mu_, looked_up_mu_, errors_mu_ and the cache's lock are leaves: nothing
+// files_mu_, routes_mu_, data_mu_, opened_mu_, looked_up_mu_, async_mu_, errors_mu_ and the cache's lock are leaves: nothing
 // is taken while one is held (errors_mu_ itself may be taken under wb_mu_, when write() makes a
 // file's write-behind record).
 #pragma once
@@ -377,6 +377,10 @@ class Client {
   void prefetch_small_file(InodeId ino, uint32_t flags);
   std::mutex looked_up_mu_;  // leaf lock
   std::unordered_map<InodeId, LookedUp> looked_up_;  // guarded by looked_up_mu_
+  std::mutex async_mu_;  // guards async_fetches_ and async_closed_ (leaf lock)
+  std::condition_variable async_cv_;
+  int async_fetches_ = 0;      // fetch_block_async replies not yet handled
+  bool async_closed_ = false;  // shutdown() began: no more of them
   std::unique_ptr<ChunkCache> cache_;
   std::unique_ptr<DirtyBudget> budget_;  // null: write-behind off
   std::mutex wb_mu_;  // may be held while taking a WbFile's mu (wb_retire_if_idle), never the reverse
