@@ -774,19 +774,23 @@ void Client::prefetch_small_file(InodeId ino, uint32_t flags) {
 // only; anything else (no route yet, an error reply, a block failing its checksum) hands the block
 // to fetch_block() on the pool, which has the map refreshes and the verified re-reads.
 void Client::fetch_block_async(InodeId ino, const proto::Layout& layout, std::shared_ptr<CachedBlock> block) {
-  auto slow_path = [this, ino, layout, block] {
-    bool closing = false;
-    {
-      std::lock_guard<std::mutex> lock(async_mu_);
-      closing = async_closed_;
-    }
-    // Once shutdown() began nobody will read the block: no re-reads that would only delay it.
-    const bool queued =
-        !closing && pool_->try_submit([this, ino, layout, block] { fetch_block(ino, layout, block); });
-    if (!queued) {  // shutting down: nobody may block on an I/O thread now
-      cache_->erase(ino, block);
-      block->complete(Status(Code::kUnavailable, "the client is shutting down"));
-    }
+  auto give_up = [this, ino, block] {
+    cache_->erase(ino, block);
+    block->complete(Status(Code::kUnavailable, "the client is shutting down"));
+  };
+  auto slow_path = [this, ino, layout, block, give_up] {
+    const bool queued = pool_->try_submit([this, ino, layout, block, give_up] {
+      // Once shutdown() began nobody will read the block: no re-reads that would only delay it
+      // (pool_->stop() runs what is queued, after shutdown() set async_closed_).
+      bool closing = false;
+      {
+        std::lock_guard<std::mutex> lock(async_mu_);
+        closing = async_closed_;
+      }
+      if (closing) return give_up();
+      fetch_block(ino, layout, block);
+    });
+    if (!queued) give_up();  // the pool has stopped: nobody may block on an I/O thread now
   };
   auto plan = plan_chunk_io(layout, block->offset(), block->length());
   auto current = routes();
