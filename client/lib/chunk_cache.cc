@@ -91,14 +91,16 @@ ChunkCache::Lookup ChunkCache::get_or_start(InodeId ino, uint64_t generation, ui
   return Lookup{block, true};
 }
 
-std::shared_ptr<CachedBlock> ChunkCache::find_ready(InodeId ino, uint64_t generation, uint64_t offset) {
+std::shared_ptr<CachedBlock> ChunkCache::find_ready(InodeId ino, uint64_t generation, uint64_t offset, bool join) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = inodes_.find(ino);
   if (it == inodes_.end() || it->second.generation != generation) return nullptr;
   auto e = it->second.blocks.find(offset);
-  if (e == it->second.blocks.end() || !e->second.block->done()) return nullptr;
+  if (e == it->second.blocks.end()) return nullptr;
+  const bool done = e->second.block->done();
+  if (!done && !join) return nullptr;
   lru_.splice(lru_.begin(), lru_, e->second.lru);
-  ++stats_.hits;
+  ++(done ? stats_.hits : stats_.waits);
   return e->second.block;
 }
 

@@ -78,8 +78,9 @@ class ChunkCache {
   };
   // The block of `ino` at `offset` (length `length`) for `generation`. Counts as a use (LRU).
   Lookup get_or_start(InodeId ino, uint64_t generation, uint64_t offset, uint32_t length);
-  // Only a complete block, or nullptr (no fetch is started). Counts as a use.
-  std::shared_ptr<CachedBlock> find_ready(InodeId ino, uint64_t generation, uint64_t offset);
+  // Only a complete block or, with `join`, one still being fetched (the caller then waits for it);
+  // nullptr otherwise (no fetch is started). Counts as a use.
+  std::shared_ptr<CachedBlock> find_ready(InodeId ino, uint64_t generation, uint64_t offset, bool join = false);
   // Removes `block` if it is still the cached block at its offset (after a failed fetch).
   void erase(InodeId ino, const std::shared_ptr<CachedBlock>& block);
   // Drops every block of `ino` that overlaps [offset, offset + length).

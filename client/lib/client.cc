@@ -904,9 +904,11 @@ Result<size_t> Client::read_pieces(InodeId ino, const proto::Layout& layout, uin
   std::vector<std::shared_ptr<CachedBlock>> blocks;
   if (!advice.sequential) {
     // Random reads: whole blocks would multiply the bytes moved; use the cache only when it holds
-    // the whole range already.
+    // the whole range already. A file of one block joins that block's fetch: it is the one its
+    // open started (prefetch_small_file), and a first read elsewhere (a footer) would read twice.
+    const bool join = size <= bs;
     for (uint64_t b = first; b < end; b += bs) {
-      auto blk = cache_->find_ready(ino, ctx->generation, b);
+      auto blk = cache_->find_ready(ino, ctx->generation, b, join);
       if (blk == nullptr || blk->offset() + blk->length() < std::min(end, b + bs)) {
         blocks.clear();
         break;

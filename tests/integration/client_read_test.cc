@@ -183,6 +183,33 @@ TEST_F(ClientReadTest, SmallFileOpenedAfterALookupIsFetchedDuringTheOpen) {
   EXPECT_EQ(client_->cache_stats().misses, read.misses);
 }
 
+// A first read elsewhere than at offset 0 (a footer, as Parquet readers do) is a random read; it
+// uses the block the open is fetching (joined in flight, or found complete), not a second fetch.
+TEST_F(ClientReadTest, SmallFileReadFirstAtItsEndUsesTheFetchOfTheOpen) {
+  const size_t size = (200u << 10) + 5;
+  const std::vector<uint8_t> data = testing::seeded_bytes(size, 16);
+  const proto::InodeAttr created = write_closed("footer", data);
+  ASSERT_NE(created.ino.value, 0u);
+  ASSERT_TRUE(client_->lookup_entry(InodeId{1}, "footer").has_value());
+  auto a = client_->open(created.ino, O_RDONLY);
+  ASSERT_TRUE(a.has_value()) << a.error().to_string();
+  const client::CacheStats opened = client_->cache_stats();
+  auto ctx = client_->make_read_context(a->generation);
+  const size_t tail = 4000;
+  std::vector<uint8_t> scratch(tail, kSentinel);
+  client::ReadPieces pieces;
+  auto n = client_->read_pieces(a->ino, a->layout, a->size, size - tail, scratch, ctx.get(), &pieces);
+  ASSERT_TRUE(n.has_value()) << n.error().to_string();
+  ASSERT_EQ(*n, tail);
+  const client::CacheStats read = client_->cache_stats();
+  EXPECT_EQ(read.misses, opened.misses);
+  EXPECT_EQ(read.hits + read.waits, opened.hits + opened.waits + 1) << "the read did not use the open's fetch";
+  const std::vector<uint8_t> got = concat(pieces);
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), data.end() - static_cast<std::ptrdiff_t>(tail), data.end()));
+  pieces.clear();
+  EXPECT_TRUE(client_->release(a->ino).is_ok());
+}
+
 // The lookup's generation is older than the open's (the file changed in between): the block
 // fetched for it is dropped at the open and the read sees the new bytes.
 TEST_F(ClientReadTest, SmallFileFetchedForAnOlderGenerationIsNotServed) {

@@ -92,6 +92,24 @@ TEST(ChunkCache, ConcurrentReadersOfABlockInFlightShareOneFetch) {
   EXPECT_EQ(ok.load(), 4);
 }
 
+TEST(ChunkCache, FindReadyJoinsABlockInFlightOnlyWhenAsked) {
+  ChunkCache c(1 << 20);
+  auto lk = c.get_or_start(kIno, 1, 0, 4096);
+  EXPECT_EQ(c.find_ready(kIno, 1, 0), nullptr) << "a block in flight is not ready";
+  auto joined = c.find_ready(kIno, 1, 0, /*join=*/true);
+  ASSERT_EQ(joined, lk.block);
+  EXPECT_EQ(c.find_ready(kIno, 2, 0, true), nullptr) << "another generation's block";
+  EXPECT_EQ(c.find_ready(kIno, 1, 4096, true), nullptr) << "no block there: nothing is started";
+  std::thread filler([&lk] { fill(lk, 9); });
+  ASSERT_TRUE(joined->wait().is_ok());
+  filler.join();
+  EXPECT_EQ(joined->data()[4095], 9);
+  CacheStats s = c.stats();
+  EXPECT_EQ(s.misses, 1u);
+  EXPECT_EQ(s.waits, 1u);
+  EXPECT_EQ(s.hits, 0u);
+}
+
 TEST(ChunkCache, FailedFetchIsErasedAndWaitersSeeTheError) {
   ChunkCache c(1 << 20);
   auto first = c.get_or_start(kIno, 1, 0, 4096);
