@@ -815,7 +815,7 @@ void Client::fetch_block_async(InodeId ino, const proto::Layout& layout, std::sh
     closed = async_closed_;
     if (!closed) ++async_fetches_;
   }
-  if (closed) return slow_path();
+  if (closed) return give_up();
   auto received = std::make_shared<uint32_t>(0);
   rpc::CallOptions opts;
   opts.bulk_in = block->buffer();
