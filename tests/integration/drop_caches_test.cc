@@ -41,20 +41,11 @@ bool local_only() {
       continue;
     }
     for (const auto& e : fs::recursive_directory_iterator(target.path() / "chunks")) {
-      if (!e.is_regular_file()) continue;
-      const std::string path = e.path().string();
-      UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-      if (fd.get() < 0) return ::testing::AssertionFailure() << "open " << path << ": " << errno_name(errno);
-      struct stat st {};
-      if (::fstat(fd.get(), &st) != 0 || st.st_size == 0) continue;
-      const size_t len = static_cast<size_t>(st.st_size);
-      void* map = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd.get(), 0);
-      if (map == MAP_FAILED) return ::testing::AssertionFailure() << "mmap " << path << ": " << errno_name(errno);
-      std::vector<unsigned char> resident((len + 4095) / 4096);
-      const int rc = ::mincore(map, len, resident.data());
-      ::munmap(map, len);
-      if (rc != 0) return ::testing::AssertionFailure() << "mincore " << path << ": " << errno_name(errno);
-      for (unsigned char r : resident) *pages += r & 1;
+      if (!e.is_regular_file() || e.file_size() == 0) continue;
+      uint64_t resident = 0;
+      auto r = resident_pages(e.path().string(), &resident);
+      if (!r) return r;
+      *pages += resident;
       ++*files;
     }
   }

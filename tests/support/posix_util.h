@@ -1,9 +1,10 @@
 // Small POSIX helpers for tests that drive a file system through system calls: an owning fd,
-// whole-buffer read/write loops, deterministic byte patterns, and errno assertions that print
-// the errno's name. Header-only; every function is thread-compatible (no shared state).
+// whole-buffer read/write loops, deterministic byte patterns, page-cache residency, and errno
+// assertions that print the errno's name. Header-only; every function is thread-compatible (no shared state).
 #pragma once
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -191,6 +193,38 @@ inline ::testing::AssertionResult read_file(const std::string& path, std::string
     return ::testing::AssertionFailure() << "close " << path << ": " << errno_name(errno);
   }
   return ::testing::AssertionSuccess();
+}
+
+// Which 4 KiB pages of the file at `path` are in the page cache (one entry per page of its whole
+// length), from mincore over a fresh read-only mapping, which itself loads nothing. The assertion
+// says which step failed.
+inline ::testing::AssertionResult page_residency(const std::string& path, std::vector<bool>* resident) {
+  resident->clear();
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.ok()) return ::testing::AssertionFailure() << "open " << path << ": " << errno_name(errno);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return ::testing::AssertionFailure() << "fstat " << path << ": " << errno_name(errno);
+  const size_t len = static_cast<size_t>(st.st_size);
+  if (len == 0) return ::testing::AssertionSuccess();
+  void* map = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (map == MAP_FAILED) return ::testing::AssertionFailure() << "mmap " << path << ": " << errno_name(errno);
+  std::vector<unsigned char> in_core((len + 4095) / 4096);
+  const int rc = ::mincore(map, len, in_core.data());
+  const int err = errno;
+  ::munmap(map, len);
+  if (rc != 0) return ::testing::AssertionFailure() << "mincore " << path << ": " << errno_name(err);
+  for (unsigned char r : in_core) resident->push_back((r & 1) != 0);
+  return ::testing::AssertionSuccess();
+}
+
+// page_residency() counted: *resident of the file's *pages_out pages are cached.
+inline ::testing::AssertionResult resident_pages(const std::string& path, uint64_t* resident,
+                                                 uint64_t* pages_out = nullptr) {
+  std::vector<bool> pages;
+  auto r = page_residency(path, &pages);
+  *resident = static_cast<uint64_t>(std::count(pages.begin(), pages.end(), true));
+  if (pages_out != nullptr) *pages_out = pages.size();
+  return r;
 }
 
 // Compares two buffers and names the first differing offset instead of dumping megabytes.

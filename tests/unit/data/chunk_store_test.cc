@@ -1,7 +1,6 @@
 #include "server/data/chunk_store.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <linux/magic.h>  // EXT4_SUPER_MAGIC, XFS_SUPER_MAGIC
 #include <sys/mount.h>
 #include <sys/vfs.h>
@@ -21,6 +20,7 @@
 #include "common/checksum/checksum.h"
 #include "server/data/chunk_format.h"
 #include "server/data/uring_io.h"
+#include "tests/support/posix_util.h"
 #include "tests/unit/data/test_util.h"
 
 namespace penstock::data {
@@ -499,19 +499,10 @@ TEST_P(ChunkStoreTest, DropCachesWritesDirtyPagesAndLeavesThePageCacheEmpty) {
   auto dropped = store_->drop_caches();
   ASSERT_TRUE(dropped.has_value()) << dropped.status().to_string();
   EXPECT_EQ(dropped->files, 1u);
-  // mincore over a fresh mapping tells which pages of the file are cached: none of the data now.
-  int fd = ::open(path(0).c_str(), O_RDONLY);
-  ASSERT_GE(fd, 0);
-  const size_t len = data_offset() + d.size();
-  void* map = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
-  ASSERT_NE(map, MAP_FAILED);
-  std::vector<unsigned char> resident((len + 4095) / 4096);
-  ASSERT_EQ(::mincore(map, len, resident.data()), 0);
-  size_t cached = 0;
-  for (unsigned char r : resident) cached += r & 1;
-  ::munmap(map, len);
-  ::close(fd);
-  EXPECT_EQ(cached, 0u) << cached << " of " << resident.size() << " pages still cached";
+  // None of the file's pages is cached now.
+  uint64_t cached = 0, pages = 0;
+  ASSERT_TRUE(penstock::testing::resident_pages(path(0), &cached, &pages));
+  EXPECT_EQ(cached, 0u) << cached << " of " << pages << " pages still cached";
   EXPECT_EQ(read(0, 0, static_cast<uint32_t>(d.size())), d);
 }
 
@@ -575,20 +566,12 @@ const StoreMode kModes[] = {
 INSTANTIATE_TEST_SUITE_P(Modes, ChunkStoreTest, ::testing::ValuesIn(kModes),
                          [](const auto& info) { return std::string(info.param.name); });
 
-// Pages of `path` in [from, to) that are in the page cache (mincore over a read-only mapping).
-size_t resident_pages(const std::string& path, uint64_t from, uint64_t to) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  EXPECT_GE(fd, 0) << path << ": " << std::strerror(errno);
-  if (fd < 0) return 0;
-  void* map = ::mmap(nullptr, to, PROT_READ, MAP_SHARED, fd, 0);
-  ::close(fd);
-  EXPECT_NE(map, MAP_FAILED) << std::strerror(errno);
-  if (map == MAP_FAILED) return 0;
-  std::vector<unsigned char> vec((to + 4095) / 4096);
-  EXPECT_EQ(::mincore(map, to, vec.data()), 0) << std::strerror(errno);
+// Pages of `path` in [from, to) that are in the page cache.
+size_t resident_in(const std::string& path, uint64_t from, uint64_t to) {
+  std::vector<bool> pages;
+  EXPECT_TRUE(penstock::testing::page_residency(path, &pages));
   size_t n = 0;
-  for (uint64_t page = from / 4096; page < vec.size(); ++page) n += vec[page] & 1;
-  ::munmap(map, to);
+  for (uint64_t page = from / 4096; page < (to + 4095) / 4096 && page < pages.size(); ++page) n += pages[page];
   return n;
 }
 
@@ -612,12 +595,12 @@ TEST(ChunkStoreDirectWrites, LargeWritesBypassThePageCacheSmallWritesAndReadsUse
   const std::string small_path = store.target().chunk_path(kIno, 1);
   const size_t large_pages = large.size() / 4096;
   if (store.direct_writes_active()) {
-    EXPECT_EQ(resident_pages(large_path, data_off, data_off + large.size()), 0u) << "the large write was buffered";
+    EXPECT_EQ(resident_in(large_path, data_off, data_off + large.size()), 0u) << "the large write was buffered";
   } else {
     std::printf("note: O_DIRECT is refused by $TMPDIR's file system; the buffered fallback is tested\n");
-    EXPECT_EQ(resident_pages(large_path, data_off, data_off + large.size()), large_pages);
+    EXPECT_EQ(resident_in(large_path, data_off, data_off + large.size()), large_pages);
   }
-  EXPECT_EQ(resident_pages(small_path, data_off, data_off + small.size()), small.size() / 4096);
+  EXPECT_EQ(resident_in(small_path, data_off, data_off + small.size()), small.size() / 4096);
   auto unread = store.read_unverified(kIno, 0, kChunk4M, 0, kChunk4M);
   ASSERT_TRUE(unread.has_value() && unread->has_value()) << "aligned reads must still be sendable unread";
   std::vector<uint8_t> back(kChunk4M);
@@ -625,7 +608,7 @@ TEST(ChunkStoreDirectWrites, LargeWritesBypassThePageCacheSmallWritesAndReadsUse
   ASSERT_TRUE(n.has_value()) << n.status().to_string();
   back.resize(*n);
   EXPECT_EQ(back, large);
-  EXPECT_EQ(resident_pages(large_path, data_off, data_off + large.size()), large_pages) << "the read bypassed the page cache";
+  EXPECT_EQ(resident_in(large_path, data_off, data_off + large.size()), large_pages) << "the read bypassed the page cache";
   back.assign(kChunk4M, 0);
   n = store.read(kIno, 1, kChunk4M, 0, back);
   ASSERT_TRUE(n.has_value()) << n.status().to_string();
