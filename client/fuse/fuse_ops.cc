@@ -63,17 +63,6 @@ constexpr bool kKeepCacheWhenUnchanged = true;
 // per small-file read (open, read, close).
 constexpr bool kNoFlushForReadOnly = true;
 
-// Small files are filled at open: a read-only open of a file of at most one cache block, whose
-// bytes the client started fetching with the meta Open (Client::open), waits up to kFillWait for
-// them and stores them in the kernel's page cache (FUSE_NOTIFY_STORE) before replying with
-// keep_cache, so the read() that follows is a page-cache hit and sends no READ: one FUSE round trip
-// fewer per small-file read. Close-to-open holds: the stored bytes are the whole file, [0, size),
-// of the generation the meta open returned; a writer or truncate on this host since before that
-// call, or any handle of the file open here, makes us skip the fill (client/lib/local_handles.h),
-// and without a fill the reply does not keep the cache.
-constexpr bool kFillSmallFilesAtOpen = true;
-constexpr std::chrono::milliseconds kFillWait{20};
-
 constexpr uint32_t kMaxWrite = 1u << 20;
 
 // An open regular file. Immutable after open except the size hint.
@@ -83,7 +72,6 @@ struct FileHandle {
   std::atomic<uint64_t> size_hint{0};  // the size known at open (or after our own truncate)
   bool keep_cache = false;             // the kernel may keep its pages (see kKeepCacheWhenUnchanged)
   bool writable = true;                // opened for writing: its close flushes (kNoFlushForReadOnly)
-  client::LocalHandles::Kind kind = client::LocalHandles::Kind::kReader;  // in MountState::handles
   client::WriteCursor write_cursor;    // this handle's place in the file's write errors
   std::unique_ptr<client::ReadContext> read_ctx;  // cache generation and read-ahead streams
 };
@@ -96,29 +84,7 @@ struct DirHandle {
   std::unordered_map<off_t, std::string> cursor;  // guarded by mu
 };
 
-MountState& state_of(fuse_req_t req) { return *static_cast<MountState*>(fuse_req_userdata(req)); }
-Client& client_of(fuse_req_t req) { return *state_of(req).client; }
-
-// A handle that may change the file's bytes is a writer in LocalHandles' sense.
-client::LocalHandles::Kind kind_of_open(int flags) {
-  const bool writes = (flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC) != 0;
-  return writes ? client::LocalHandles::Kind::kWriter : client::LocalHandles::Kind::kReader;
-}
-
-// A truncate counted in LocalHandles from before its RPC until after its reply (scope exit).
-class TruncateScope {
- public:
-  TruncateScope(MountState& ms, InodeId ino) : ms_(ms), ino_(ino) {
-    ms_.handles.begin(ino_, client::LocalHandles::Kind::kWriter);
-  }
-  ~TruncateScope() { ms_.handles.end(ino_, client::LocalHandles::Kind::kWriter); }
-  TruncateScope(const TruncateScope&) = delete;
-  TruncateScope& operator=(const TruncateScope&) = delete;
-
- private:
-  MountState& ms_;
-  const InodeId ino_;
-};
+Client& client_of(fuse_req_t req) { return *static_cast<MountState*>(fuse_req_userdata(req))->client; }
 
 FileHandle* file_of(const fuse_file_info* fi) { return reinterpret_cast<FileHandle*>(fi->fh); }
 DirHandle* dir_of(const fuse_file_info* fi) { return reinterpret_cast<DirHandle*>(fi->fh); }
@@ -306,9 +272,7 @@ void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, f
   Client& c = client_of(req);
   const proto::Caller caller = caller_of(req);
   std::optional<proto::InodeAttr> result;
-  std::optional<TruncateScope> truncating;
   if ((to_set & FUSE_SET_ATTR_SIZE) != 0) {
-    truncating.emplace(state_of(req), InodeId(ino));
     auto r = c.truncate(InodeId(ino), static_cast<uint64_t>(attr->st_size), caller);
     if (!r.has_value()) return reply_status(req, r.error(), "truncate", ino);
     if (fi != nullptr && fi->fh != 0) file_of(fi)->size_hint.store(r->size);
@@ -392,7 +356,7 @@ void forget_entries_if_unknown(fuse_session* se, const Status& st,
 void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
   const Status st = client_of(req).rmdir(InodeId(parent), name);
   const std::string kept = name;  // req (and with it name) is gone after the reply
-  fuse_session* se = state_of(req).session;
+  fuse_session* se = static_cast<MountState*>(fuse_req_userdata(req))->session;
   reply_status(req, st, "rmdir", parent);
   forget_entries_if_unknown(se, st, {{parent, kept.c_str()}});
 }
@@ -414,7 +378,7 @@ void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t n
   }
   const Status st = client_of(req).rename(InodeId(parent), name, InodeId(newparent), newname, wire);
   const std::string kept_name = name, kept_newname = newname;  // gone with req after the reply
-  fuse_session* se = state_of(req).session;
+  fuse_session* se = static_cast<MountState*>(fuse_req_userdata(req))->session;
   reply_status(req, st, "rename", parent);
   forget_entries_if_unknown(se, st, {{parent, kept_name.c_str()}, {newparent, kept_newname.c_str()}});
 }
@@ -429,7 +393,7 @@ void reply_open_handle(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<FileH
   FileHandle* raw = fh.release();
   fi->fh = reinterpret_cast<uint64_t>(raw);
   fi->keep_cache = (kKeepCacheWhenUnchanged && raw->keep_cache) ? 1 : 0;
-  fi->direct_io = state_of(req).direct_io ? 1 : 0;
+  fi->direct_io = static_cast<MountState*>(fuse_req_userdata(req))->direct_io ? 1 : 0;
   raw->writable = !kNoFlushForReadOnly || (fi->flags & O_ACCMODE) != O_RDONLY;
   fi->noflush = raw->writable ? 0 : 1;
   // Every handle, read-only ones too: as on Linux, fsync of any descriptor reports a write error
@@ -438,7 +402,6 @@ void reply_open_handle(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<FileH
   const int rc = e != nullptr ? fuse_reply_create(req, e, fi) : fuse_reply_open(req, fi);
   if (rc != 0) {
     // It wrote nothing: no flush, which would also mark another handle's write error reported.
-    state_of(req).handles.end(raw->ino, raw->kind);
     Status st = client_of(req).release(raw->ino, /*flush_writes=*/false);
     if (!st.is_ok()) {
       PENSTOCK_LOG(Warn) << "release after an interrupted open: " << st.to_string();
@@ -447,52 +410,16 @@ void reply_open_handle(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<FileH
   }
 }
 
-// Stores the whole of a small file at `attr.generation` in the kernel's page cache
-// (kFillSmallFilesAtOpen). `epoch`: LocalHandles' epoch from before the meta open that returned
-// `attr`. True when the pages now hold the file, so the open may keep them.
-bool fill_small_file(MountState& ms, const proto::InodeAttr& attr, uint64_t epoch) {
-  if (!kFillSmallFilesAtOpen || ms.direct_io || ms.session == nullptr || attr.size == 0) return false;
-  auto block = ms.client->small_file_block(attr.ino, attr.generation, attr.size,
-                                           std::chrono::duration_cast<std::chrono::microseconds>(kFillWait));
-  if (block == nullptr) return false;
-  int rc = 0;
-  const bool ran = ms.handles.run_if_quiet(attr.ino, epoch, [&] {
-    fuse_bufvec bv{};
-    bv.count = 1;
-    bv.buf[0].size = attr.size;
-    bv.buf[0].flags = static_cast<fuse_buf_flags>(0);
-    bv.buf[0].mem = const_cast<uint8_t*>(block->data());
-    bv.buf[0].fd = -1;
-    rc = fuse_lowlevel_notify_store(ms.session, attr.ino.value, 0, &bv, static_cast<fuse_buf_copy_flags>(0));
-  });
-  if (ran && rc != 0) {
-    // Pages may be partly stored: the open then drops them (no keep_cache), so nothing is lost.
-    PENSTOCK_LOG(Debug) << "filling the pages of inode " << attr.ino.to_string() << " at open: " << std::strerror(-rc);
-  }
-  return ran && rc == 0;
-}
-
 void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
-  MountState& ms = state_of(req);
-  Client& c = *ms.client;
-  const client::LocalHandles::Kind kind = kind_of_open(fi->flags);
-  const bool writer = kind == client::LocalHandles::Kind::kWriter;
-  // A writer counts from before its meta open; a reader from its reply on (it changes no byte).
-  if (writer) ms.handles.begin(InodeId(ino), kind);
-  const uint64_t epoch = ms.handles.epoch(InodeId(ino));
+  Client& c = client_of(req);
   bool unchanged = false;
   auto r = c.open(InodeId(ino), static_cast<uint32_t>(fi->flags), &unchanged);
-  if (!r.has_value()) {
-    if (writer) ms.handles.end(InodeId(ino), kind);
-    return reply_status(req, r.error(), "open", ino);
-  }
+  if (!r.has_value()) return reply_status(req, r.error(), "open", ino);
   auto fh = std::make_unique<FileHandle>();
   fh->ino = InodeId(ino);
   fh->layout = r->layout;
   fh->size_hint.store(r->size);
-  fh->kind = kind;
-  fh->keep_cache = unchanged || (!writer && fill_small_file(ms, *r, epoch));
-  if (!writer) ms.handles.begin(InodeId(ino), kind);
+  fh->keep_cache = unchanged;
   fh->read_ctx = c.make_read_context(r->generation);
   reply_open_handle(req, fi, std::move(fh), nullptr);
 }
@@ -502,8 +429,6 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   if (!r.has_value()) return reply_status(req, r.error(), "create", parent);
   auto fh = std::make_unique<FileHandle>();
   fh->ino = r->ino;
-  fh->kind = kind_of_open(fi->flags);
-  state_of(req).handles.begin(fh->ino, fh->kind);
   fh->layout = r->layout;
   fh->size_hint.store(r->size);
   fh->read_ctx = client_of(req).make_read_context(r->generation);
@@ -594,7 +519,6 @@ void op_fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info* fi) {
 void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   std::unique_ptr<FileHandle> fh(file_of(fi));
   Status st = client_of(req).release(fh->ino, fh->writable, &fh->write_cursor);
-  state_of(req).handles.end(fh->ino, fh->kind);
   fh.reset();
   reply_status(req, st, "release", ino);
 }

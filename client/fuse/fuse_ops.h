@@ -10,7 +10,6 @@
 #include <fuse_lowlevel.h>
 
 #include "client/lib/client.h"
-#include "client/lib/local_handles.h"
 
 namespace penstock::fuse {
 
@@ -19,9 +18,6 @@ struct MountState {
   client::Client* client = nullptr;
   bool direct_io = false;  // FOPEN_DIRECT_IO on every open (MountSettings::direct_io)
   fuse_session* session = nullptr;  // for invalidation notices; set once the session exists
-  // This host's open handles and truncates, for filling small files' pages at open (fuse_ops.cc,
-  // kFillSmallFilesAtOpen).
-  client::LocalHandles handles;
 };
 
 // The operation table (static storage).

@@ -17,12 +17,6 @@ Status CachedBlock::wait() {
   return status_;
 }
 
-std::optional<Status> CachedBlock::wait_for(std::chrono::microseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [this] { return done_; })) return std::nullopt;
-  return status_;
-}
-
 bool CachedBlock::done() const {
   std::lock_guard<std::mutex> lock(mu_);
   return done_;

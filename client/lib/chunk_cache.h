@@ -14,14 +14,12 @@
 // exactly once by the caller that got `fetch = true` (also for blocks not kept in the cache).
 #pragma once
 
-#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <list>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -48,8 +46,6 @@ class CachedBlock {
   void complete(Status st);
   // Waits until complete() and returns its status.
   Status wait();
-  // wait() for at most `timeout`: nullopt when the block is still being fetched then.
-  std::optional<Status> wait_for(std::chrono::microseconds timeout);
   bool done() const;
 
  private:

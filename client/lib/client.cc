@@ -759,28 +759,14 @@ void Client::prefetch_small_file(InodeId ino, uint32_t flags) {
     auto it = opened_.find(ino);
     if (it != opened_.end() && it->second.generation == f.generation) return;
   }
-  // Our own writes not yet reported are not in the lookup's generation.
-  if (has_unreported_writes(ino) || pool_->stopped()) return;
+  {
+    // Our own writes not yet reported are not in the lookup's generation.
+    std::lock_guard<std::mutex> lock(files_mu_);
+    if (files_.count(ino) != 0) return;
+  }
+  if (wb_find(ino) != nullptr || pool_->stopped()) return;
   auto lk = cache_->get_or_start(ino, f.generation, 0, block_length(block_size(f.layout), 0, f.size));
   if (lk.fetch) fetch_block_async(ino, f.layout, std::move(lk.block));
-}
-
-std::shared_ptr<const CachedBlock> Client::small_file_block(InodeId ino, uint64_t generation, uint64_t size,
-                                                            std::chrono::microseconds wait) {
-  if (size == 0 || has_unreported_writes(ino)) return nullptr;
-  auto block = cache_->find_ready(ino, generation, 0, /*join=*/true);
-  if (block == nullptr || block->length() < size) return nullptr;
-  auto st = block->wait_for(wait);
-  if (!st.has_value() || !st->is_ok()) return nullptr;
-  return block;
-}
-
-bool Client::has_unreported_writes(InodeId ino) {
-  {
-    std::lock_guard<std::mutex> lock(files_mu_);
-    if (files_.count(ino) != 0) return true;
-  }
-  return wb_find(ino) != nullptr;
 }
 
 // Sent by the calling thread and completed by the reply on the I/O thread: no thread wakes up to

@@ -172,15 +172,6 @@ class Client {
   // client's previous open of it (the kernel may keep its cached pages); either way cached data of
   // an older generation is dropped here (close-to-open).
   Result<proto::InodeAttr> open(InodeId ino, uint32_t flags, bool* unchanged = nullptr);
-  // The whole of a small file (one cache block) at `generation`, as the fetch its open started
-  // (or an earlier read) brought it: complete and verified, after waiting at most `wait` for a
-  // fetch still in flight. For callers that hand the bytes on whole at open (penstock-mount fills
-  // the kernel's pages with them). nullptr when no block of that generation is cached at offset 0,
-  // it holds fewer than `size` bytes, its fetch failed or is not done in time, or this client has
-  // writes of the file that the meta server has not been told of (they are in no generation yet).
-  // The block's bytes stay valid while the pointer is held.
-  std::shared_ptr<const CachedBlock> small_file_block(InodeId ino, uint64_t generation, uint64_t size,
-                                                      std::chrono::microseconds wait);
   // Read state for a handle opened at `generation` (pass it to read()).
   std::unique_ptr<ReadContext> make_read_context(uint64_t generation) const;
   Result<proto::Layout> get_layout(InodeId ino);
@@ -382,8 +373,6 @@ class Client {
     uint64_t size = 0;
     proto::Layout layout;
   };
-  // This client wrote to `ino` and has not reported it (files_), or holds write-behind state of it.
-  bool has_unreported_writes(InodeId ino);
   void note_small_file(const proto::InodeAttr& attr);
   void prefetch_small_file(InodeId ino, uint32_t flags);
   std::mutex looked_up_mu_;  // leaf lock

@@ -249,46 +249,38 @@ TEST_F(TwoMountsTest, CloseToOpenSeesDataAndSize) {
   EXPECT_TRUE(same_bytes(v3, contents(a("from-b"))));
 }
 
-// A small file (one cache block) opened read-only has its pages filled at open, so the read that
-// follows is a page-cache hit with no READ. The filled bytes are always the current ones: after
-// another host rewrote the file, while this host has it open for writing with bytes the meta
-// server does not know yet, and after this host truncated it.
-TEST_F(TwoMountsTest, SmallFileIsFilledAtOpenAndStaysFresh) {
+// A small file (one cache block) is fetched while its open is on the way to the meta server
+// (Client::prefetch_small_file); what B reads is always the current version: after another host
+// rewrote the file, while B has it open for writing with bytes the meta server does not know yet,
+// and after B truncated it.
+TEST_F(TwoMountsTest, SmallFileReadsStayFresh) {
   const size_t kSize = 100 * 1024 + 7;
   std::string v1 = pattern(kSize, 0, 11);
-  ASSERT_TRUE(write_file(a("fill"), v1));
-  {
-    UniqueFd fd(open(b("fill").c_str(), O_RDONLY));  // lookup and open, no read
-    ASSERT_TRUE(fd.ok()) << errno_name(errno);
-  }
-  // The mapping's open finds the same generation (keep_cache) and loads nothing itself.
-  uint64_t resident = 0, pages = 0;
-  ASSERT_TRUE(resident_pages(b("fill"), &resident, &pages));
-  EXPECT_EQ(resident, pages) << "the open did not fill the file's pages";
-  EXPECT_TRUE(same_bytes(v1, contents(b("fill"))));
-  // Rewritten on A, same size: B's next open fills the new bytes, not its old pages.
+  ASSERT_TRUE(write_file(a("small-fresh"), v1));
+  EXPECT_TRUE(same_bytes(v1, contents(b("small-fresh"))));
+  // Rewritten on A, same size: B's next open reads the new bytes, not its old pages.
   std::string v2 = pattern(kSize, 0, 12);
-  ASSERT_TRUE(write_file(a("fill"), v2));
-  EXPECT_TRUE(same_bytes(v2, contents(b("fill")))) << "stale bytes on B after close on A";
+  ASSERT_TRUE(write_file(a("small-fresh"), v2));
+  EXPECT_TRUE(same_bytes(v2, contents(b("small-fresh")))) << "stale bytes on B after close on A";
   // Rewritten on A again, then written on B through a descriptor that stays open: a read-only open
-  // on B meanwhile must see B's write, not a fill of the version the meta server has.
+  // on B meanwhile must see B's write, not the version the meta server has.
   std::string v3 = pattern(kSize, 0, 13);
-  ASSERT_TRUE(write_file(a("fill"), v3));
+  ASSERT_TRUE(write_file(a("small-fresh"), v3));
   {
-    UniqueFd w(open(b("fill").c_str(), O_RDWR));
+    UniqueFd w(open(b("small-fresh").c_str(), O_RDWR));
     ASSERT_TRUE(w.ok()) << errno_name(errno);
     std::string patch = pattern(3000, 0, 14);
     ASSERT_TRUE(pwrite_all(w.get(), patch, 5000));
     v3.replace(5000, patch.size(), patch);
-    EXPECT_TRUE(same_bytes(v3, contents(b("fill")))) << "B's own write was lost";
+    EXPECT_TRUE(same_bytes(v3, contents(b("small-fresh")))) << "B's own write was lost";
     ASSERT_EQ(w.close(), 0) << errno_name(errno);
   }
-  EXPECT_TRUE(same_bytes(v3, contents(b("fill"))));
-  EXPECT_TRUE(same_bytes(v3, contents(a("fill"))));
+  EXPECT_TRUE(same_bytes(v3, contents(b("small-fresh"))));
+  EXPECT_TRUE(same_bytes(v3, contents(a("small-fresh"))));
   // Truncated on B by path: B's next open sees the shorter file.
-  ASSERT_EQ(truncate(b("fill").c_str(), 40000), 0) << errno_name(errno);
-  EXPECT_TRUE(same_bytes(v3.substr(0, 40000), contents(b("fill"))));
-  EXPECT_TRUE(same_bytes(v3.substr(0, 40000), contents(a("fill"))));
+  ASSERT_EQ(truncate(b("small-fresh").c_str(), 40000), 0) << errno_name(errno);
+  EXPECT_TRUE(same_bytes(v3.substr(0, 40000), contents(b("small-fresh"))));
+  EXPECT_TRUE(same_bytes(v3.substr(0, 40000), contents(a("small-fresh"))));
 }
 
 TEST_F(TwoMountsTest, UnlinkOnAGivesEnoentOnB) {
