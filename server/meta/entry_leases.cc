@@ -11,9 +11,13 @@ int64_t steady_now_ns() {
       .count();
 }
 
+namespace {
+int64_t restart_guard(const EntryLeaseOptions& o) { return std::max(o.term_ns, o.restart_guard_ns); }
+}  // namespace
+
 EntryLeases::EntryLeases(EntryLeaseOptions options)
     : options_(std::move(options)),
-      restart_guard_until_(options_.term_ns > 0 ? options_.clock() + options_.term_ns : 0) {}
+      restart_guard_until_(restart_guard(options_) > 0 ? options_.clock() + restart_guard(options_) : 0) {}
 
 uint64_t EntryLeases::key(Name n) {
   // Two names sharing a key only cost a needless wait or a refused grant, never a stale dentry.
@@ -79,10 +83,10 @@ int64_t EntryLeases::grant(Name n, SessionId holder, uint64_t epoch_seen) {
 
 EntryLeases::Change::Change(EntryLeases& leases, std::vector<Name> names, SessionId requester)
     : leases_(leases), requester_(requester) {
-  if (leases_.options_.term_ns <= 0) return;
+  if (leases_.options_.term_ns <= 0 && leases_.restart_guard_until_ == 0) return;
   int64_t until = 0;
   const int64_t now = leases_.options_.clock();
-  {
+  if (leases_.options_.term_ns > 0) {
     std::lock_guard lock(leases_.mu_);
     for (const Name& n : names) {
       const uint64_t k = key(n);

@@ -13,8 +13,10 @@
 // mount caches a binding the change has just undone. A change still in progress refuses grants on
 // its names directly.
 //
-// A restarted server does not know the leases its previous run granted: for `term` plus grace
-// after construction, every change waits as if each of its names were leased.
+// A restarted server does not know the leases its previous runs granted: for `restart_guard`
+// (the longest term any earlier run of the database may have granted, or this run's term when that
+// is longer) plus grace after construction, every change waits as if each of its names were
+// leased, also when this run grants no leases at all.
 //
 // Time is a steady clock in nanoseconds; the clock and sleeping are injectable for tests.
 // Thread-safety: every method may be called from any thread at once (one internal mutex, never
@@ -39,6 +41,9 @@ int64_t steady_now_ns();
 struct EntryLeaseOptions {
   int64_t term_ns = 0;                   // 0: no leases are granted and changes never wait
   int64_t grace_ns = 100'000'000;        // a change waits this long past the last expiry (delivery slack)
+  // The longest term an earlier run may have granted (MetaService keeps it in the store); the
+  // restart guard is the longer of it and term_ns.
+  int64_t restart_guard_ns = 0;
   size_t max_names = size_t{1} << 20;    // names with live leases; grants beyond this are refused
   std::function<int64_t()> clock = steady_now_ns;
   std::function<void(int64_t)> sleep_until;  // until a clock() value; empty: this thread sleeps
@@ -108,7 +113,7 @@ class EntryLeases {
   void sweep(int64_t now);  // REQUIRES mu_
 
   const EntryLeaseOptions options_;
-  const int64_t restart_guard_until_;  // see the file comment
+  const int64_t restart_guard_until_;  // clock() value; 0: none (see the file comment)
   mutable std::mutex mu_;
   // Changes finished so far: bumped under mu_ (release) after a change is applied, read without it
   // (acquire) by every lookup, so the namespace read that follows sees that change.

@@ -56,8 +56,9 @@ int run(const Flags& flags) {
   }
   // A contended rmdir/rename waits up to the term on a worker thread: it must stay well inside a
   // client's 10 s call deadline.
-  if (!(flags.entry_lease_s >= 0 && flags.entry_lease_s <= 5)) {
-    std::cerr << "penstock-meta: --entry-lease-s must be between 0 (off) and 5 seconds\n";
+  if (!(flags.entry_lease_s >= 0 && flags.entry_lease_s <= meta::kMaxEntryLeaseNs / 1e9)) {
+    std::cerr << "penstock-meta: --entry-lease-s must be between 0 (off) and " << meta::kMaxEntryLeaseNs / 1e9
+              << " seconds\n";
     return 2;
   }
   daemon::block_termination_signals();
@@ -154,7 +155,8 @@ int main(int argc, char** argv) {
   app.add_option("--node-timeout-s", flags.node_timeout_s, "Seconds without heartbeat after which a data server is marked offline (default 10)")->capture_default_str();
   app.add_option("--entry-lease-s", flags.entry_lease_s,
                  "Seconds a mount may reuse a directory's name without asking again; rmdir and rename of a directory "
-                 "another mount looked up wait up to this long (default 1; 0 turns entry leases off)")
+                 "another mount looked up wait up to this long (default 1; 0 turns entry leases off). For that long after a "
+                 "start, every rmdir and rename waits, for the longest term this database was ever served with")
       ->capture_default_str();
   app.add_option("--workers", flags.workers, "RPC worker threads that run metadata requests (default 8)")->capture_default_str();
   app.add_option("--io-threads", flags.io_threads,

@@ -232,6 +232,15 @@ MetaService::MetaService(Store* store, MetaOptions options)
 }
 
 Result<std::unique_ptr<MetaService>> MetaService::open(Store* store, MetaOptions options) {
+  // Kernels may still trust entry leases an earlier run granted, for up to the longest term this
+  // database was served with: changes wait that long after this start, even if this run's term is
+  // shorter or leases are off now (load() records the longer of the two).
+  auto stored = read_counter(store, schema::kLeaseTerm, 0);
+  if (!stored.has_value()) return stored.error().with_context("load metadata from " + store->describe());
+  const uint64_t earlier = *stored;
+  EntryLeaseOptions& leases = options.entry_leases;
+  leases.restart_guard_ns = std::max(leases.restart_guard_ns,
+                                     static_cast<int64_t>(std::min<uint64_t>(earlier, kMaxEntryLeaseNs)));
   std::unique_ptr<MetaService> svc(new MetaService(store, std::move(options)));
   PENSTOCK_RETURN_IF_ERROR(svc->load().with_context("load metadata from " + store->describe()));
   return svc;
@@ -319,6 +328,8 @@ Status MetaService::load() {
   }));
   PENSTOCK_RETURN_IF_ERROR(st);
 
+  const int64_t longest_term = std::max(options_.entry_leases.term_ns, options_.entry_leases.restart_guard_ns);
+  batch.put(std::string(schema::kLeaseTerm), u64_record(static_cast<uint64_t>(std::max<int64_t>(longest_term, 0))));
   // Every node starts offline: the map differs from the one before the restart, so it gets a new
   // version.
   PENSTOCK_RETURN_IF_ERROR(bump_map_version(&batch));

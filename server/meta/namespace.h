@@ -55,6 +55,9 @@ struct MetaOptions {
 };
 
 inline constexpr int64_t kDefaultEntryLeaseNs = 1'000'000'000;
+// The longest term penstock-meta accepts (--entry-lease-s, inside a client's call deadline); a
+// stored earlier term is never taken as longer than this.
+inline constexpr int64_t kMaxEntryLeaseNs = 5'000'000'000;
 
 // One queued garbage-collection job: remove every chunk of `ino` on each of `targets`.
 struct GcTask {

@@ -41,6 +41,8 @@ inline constexpr std::string_view kNextNode = "c/next_node";
 inline constexpr std::string_view kNextTarget = "c/next_target";
 inline constexpr std::string_view kMapVersion = "c/map_version";
 inline constexpr std::string_view kUsedInodes = "c/used_inodes";
+// The longest directory-entry lease term this database was served with (restart guard).
+inline constexpr std::string_view kLeaseTerm = "c/lease_term_ns";
 
 inline void append_be64(std::string* out, uint64_t v) {
   for (int shift = 56; shift >= 0; shift -= 8) out->push_back(static_cast<char>((v >> shift) & 0xff));

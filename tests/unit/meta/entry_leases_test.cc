@@ -128,6 +128,30 @@ TEST_F(EntryLeasesTest, ARestartedTableMakesEveryChangeWaitOneTerm) {
   EXPECT_EQ(time_.sleeps[0], start + kTerm + kGrace);
 }
 
+// An earlier run of the database granted longer leases than this one does, or this one grants none:
+// the guard covers the earlier term.
+TEST_F(EntryLeasesTest, TheRestartGuardCoversALongerEarlierTerm) {
+  EntryLeaseOptions o = time_.options();
+  o.restart_guard_ns = 5 * kTerm;
+  const int64_t start = time_.now;
+  {
+    EntryLeases l(o);
+    EntryLeases::Change c(l, {{kDir, "d"}}, kA);
+    EXPECT_EQ(c.waited_ns(), 5 * kTerm + kGrace);
+  }
+  o = time_.options(0);  // leases off now
+  o.restart_guard_ns = 5 * kTerm;
+  EntryLeases off(o);
+  const int64_t off_start = time_.now;
+  { EntryLeases::Change c(off, {{kDir, "d"}}, kA); }
+  ASSERT_EQ(time_.sleeps.size(), 2u);
+  EXPECT_EQ(time_.sleeps[0], start + 5 * kTerm + kGrace);
+  EXPECT_EQ(time_.sleeps[1], off_start + 5 * kTerm + kGrace) << "leases off must still cover earlier ones";
+  EXPECT_EQ(off.grant({kDir, "d"}, kA, off.epoch()), 0);
+  time_.now += 5 * kTerm + kGrace;
+  { EntryLeases::Change c(off, {{kDir, "d"}}, kA); EXPECT_EQ(c.waited_ns(), 0); }
+}
+
 TEST_F(EntryLeasesTest, AFullTableSweepsExpiredNamesAndThenRefuses) {
   EntryLeaseOptions o = time_.options();
   o.max_names = 2;
@@ -198,6 +222,36 @@ TEST_F(MetaLeaseTest, RmdirAndRenameByAnotherSessionWaitTheLeaseOut) {
   EXPECT_EQ(time_.sleeps.size(), 2u) << "A's own lease does not delay A";
   ASSERT_TRUE(svc_->rmdir(pm::NameReq{kRootInode, "e3", b_}).is_ok());
   EXPECT_EQ(time_.sleeps.size(), 3u) << "A's lease survived A's failed rename";
+}
+
+// The term is kept in the database: a restart with a shorter term, or with leases off, still waits
+// out leases the earlier, longer-lived run may have granted just before it stopped.
+TEST_F(MetaLeaseTest, ARestartWithAShorterTermWaitsOutTheLongerOne) {
+  auto reopen = [&](int64_t term) {
+    svc_.reset();
+    MetaOptions o;
+    o.seed = 1;
+    o.entry_leases = time_.options(term);
+    auto s = MetaService::open(&store_, o);
+    ASSERT_TRUE(s.has_value()) << s.error().to_string();
+    svc_ = std::move(s).value();
+    time_.sleeps.clear();
+  };
+  reopen(4 * kTerm);
+  time_.now += 4 * kTerm + kGrace + 1;
+  ASSERT_TRUE(svc_->mkdir(pm::MkdirReq{kRootInode, "x", 0755, proto::Caller{0, 0}}).has_value());
+  ASSERT_EQ(svc_->lookup(pm::LookupReq{kRootInode, "x", a_})->entry_lease_ns, 4 * kTerm);
+  reopen(kTerm);  // A's kernel may trust "x" for almost 4 terms more
+  const int64_t start = time_.now;
+  ASSERT_TRUE(svc_->rename(pm::RenameReq{kRootInode, "x", kRootInode, "y", 0, b_}).is_ok());
+  ASSERT_EQ(time_.sleeps.size(), 1u);
+  EXPECT_EQ(time_.sleeps[0], start + 4 * kTerm + kGrace);
+  reopen(0);  // leases off: still not before the longest term is over
+  const int64_t off_start = time_.now;
+  ASSERT_TRUE(svc_->rmdir(pm::NameReq{kRootInode, "y", b_}).is_ok());
+  ASSERT_EQ(time_.sleeps.size(), 1u);
+  EXPECT_EQ(time_.sleeps[0], off_start + 4 * kTerm + kGrace);
+  EXPECT_EQ(svc_->lookup(pm::LookupReq{kRootInode, "e", a_})->entry_lease_ns, 0);
 }
 
 TEST_F(MetaLeaseTest, ExchangeAndReplacingRenamesWaitForEitherName) {
