@@ -759,13 +759,18 @@ void Client::prefetch_small_file(InodeId ino, uint32_t flags) {
     auto it = opened_.find(ino);
     if (it != opened_.end() && it->second.generation == f.generation) return;
   }
+  if (wb_find(ino) != nullptr || pool_->stopped()) return;
+  ChunkCache::Lookup lk;
   {
-    // Our own writes not yet reported are not in the lookup's generation.
+    // Our own writes not yet reported are not in the lookup's generation. The check and the insert
+    // are one step under files_mu_: write() enters the file there before it buffers anything and
+    // invalidates the cached range after, so a write either is seen here or drops this block
+    // (a write between a check and a later insert would leave the old bytes cached under the
+    // generation the open keeps, and this client's own reads would serve them).
     std::lock_guard<std::mutex> lock(files_mu_);
     if (files_.count(ino) != 0) return;
+    lk = cache_->get_or_start(ino, f.generation, 0, block_length(block_size(f.layout), 0, f.size));
   }
-  if (wb_find(ino) != nullptr || pool_->stopped()) return;
-  auto lk = cache_->get_or_start(ino, f.generation, 0, block_length(block_size(f.layout), 0, f.size));
   if (lk.fetch) fetch_block_async(ino, f.layout, std::move(lk.block));
 }
 

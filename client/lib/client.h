@@ -20,9 +20,10 @@
 // Thread-safety: every public method may be called from any number of threads at once. No lock is
 // held across an RPC (the one exception: a write racing shutdown() sends under its file's lock).
 // Lock order: wb_mu_ before a WbFile's mu; a WbFile's mu before the budget's and the pool's locks;
-// files_mu_, routes_mu_, data_mu_, opened_mu_, looked_up_mu_, async_mu_, errors_mu_ and the cache's lock are leaves: nothing
-// is taken while one is held (errors_mu_ itself may be taken under wb_mu_, when write() makes a
-// file's write-behind record).
+// files_mu_, routes_mu_, data_mu_, opened_mu_, looked_up_mu_, async_mu_, errors_mu_ and the cache's
+// lock are leaves: nothing is taken while one is held, except the cache's lock under files_mu_
+// (prefetch_small_file checks for our own writes and inserts its block in one step); errors_mu_
+// itself may be taken under wb_mu_, when write() makes a file's write-behind record.
 #pragma once
 
 #include <atomic>
