@@ -730,9 +730,14 @@ Status Client::read_ranges(InodeId ino, const proto::Layout& layout,
 }
 
 void Client::note_small_file(const proto::InodeAttr& attr) {
-  if (!is_regular(attr) || attr.size == 0 || attr.layout.chunk_size == 0 || cache_->capacity() == 0) return;
-  if (attr.size > block_size(attr.layout)) return;
+  if (!is_regular(attr) || cache_->capacity() == 0) return;
+  const bool small = attr.size > 0 && attr.layout.chunk_size != 0 && attr.size <= block_size(attr.layout);
   std::lock_guard<std::mutex> lock(looked_up_mu_);
+  if (!small) {
+    // What an earlier lookup saw is out of date (the file grew or was emptied): no fetch of it.
+    looked_up_.erase(attr.ino);
+    return;
+  }
   // Bounded: forgetting costs only the overlap at the next open of a forgotten file.
   if (looked_up_.size() >= (1u << 16)) looked_up_.clear();
   looked_up_[attr.ino] = LookedUp{attr.generation, attr.size, attr.layout};
@@ -743,15 +748,16 @@ void Client::note_small_file(const proto::InodeAttr& attr) {
 // cached under the lookup's generation, so if the open finds a newer one, set_generation() drops
 // it unread (close-to-open holds); the read joins the fetch in flight (ChunkCache).
 void Client::prefetch_small_file(InodeId ino, uint32_t flags) {
-  if ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC) != 0) return;
   LookedUp f;
   {
+    // Any open uses up what the lookup saw, so a later open without a lookup fetches nothing old.
     std::lock_guard<std::mutex> lock(looked_up_mu_);
     auto it = looked_up_.find(ino);
     if (it == looked_up_.end()) return;
     f = std::move(it->second);
     looked_up_.erase(it);
   }
+  if ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC) != 0) return;
   {
     // Opened before at this generation: the kernel may still hold the pages (keep_cache) and then
     // sends no read at all.

@@ -183,6 +183,25 @@ TEST_F(ClientReadTest, SmallFileOpenedAfterALookupIsFetchedDuringTheOpen) {
   EXPECT_EQ(client_->cache_stats().misses, read.misses);
 }
 
+// A lookup that finds a file past one cache block forgets what an earlier lookup saw of it, so the
+// open that follows fetches nothing of the old, small version (it would be dropped unread).
+TEST_F(ClientReadTest, SmallFileThatGrewIsNotFetchedAtOpen) {
+  const std::vector<uint8_t> small = testing::seeded_bytes(50u << 10, 17);
+  const proto::InodeAttr created = write_closed("grows", small);
+  ASSERT_NE(created.ino.value, 0u);
+  ASSERT_TRUE(client_->lookup_entry(InodeId{1}, "grows").has_value());  // seen small
+  const std::vector<uint8_t> more = testing::seeded_bytes(3u << 20, 18);
+  ASSERT_TRUE(client_->write(created.ino, created.layout, small.size(), more).is_ok());
+  ASSERT_TRUE(client_->flush(created.ino).is_ok());
+  auto looked = client_->lookup_entry(InodeId{1}, "grows");
+  ASSERT_TRUE(looked.has_value()) << looked.error().to_string();
+  ASSERT_EQ(looked->attr.size, small.size() + more.size());
+  const client::CacheStats before = client_->cache_stats();
+  ASSERT_TRUE(client_->open(created.ino, O_RDONLY).has_value());
+  EXPECT_EQ(client_->cache_stats().misses, before.misses) << "the open fetched the file's old small version";
+  EXPECT_TRUE(client_->release(created.ino).is_ok());
+}
+
 // A first read elsewhere than at offset 0 (a footer, as Parquet readers do) is a random read; it
 // uses the block the open is fetching (joined in flight, or found complete), not a second fetch.
 TEST_F(ClientReadTest, SmallFileReadFirstAtItsEndUsesTheFetchOfTheOpen) {
