@@ -11,13 +11,9 @@ int64_t steady_now_ns() {
       .count();
 }
 
-namespace {
-int64_t restart_guard(const EntryLeaseOptions& o) { return std::max(o.term_ns, o.restart_guard_ns); }
-}  // namespace
-
 EntryLeases::EntryLeases(EntryLeaseOptions options)
     : options_(std::move(options)),
-      restart_guard_until_(restart_guard(options_) > 0 ? options_.clock() + restart_guard(options_) : 0) {}
+      restart_guard_until_(options_.restart_guard() > 0 ? options_.clock() + options_.restart_guard() : 0) {}
 
 uint64_t EntryLeases::key(Name n) {
   // Two names sharing a key only cost a needless wait or a refused grant, never a stale dentry.

@@ -23,6 +23,7 @@
 // held while sleeping).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -47,6 +48,10 @@ struct EntryLeaseOptions {
   size_t max_names = size_t{1} << 20;    // names with live leases; grants beyond this are refused
   std::function<int64_t()> clock = steady_now_ns;
   std::function<void(int64_t)> sleep_until;  // until a clock() value; empty: this thread sleeps
+
+  // How long after start every change waits: the longer of term_ns and restart_guard_ns (0: not at
+  // all). MetaService also stores it as the term the next run must cover.
+  int64_t restart_guard() const { return std::max<int64_t>({term_ns, restart_guard_ns, 0}); }
 };
 
 class EntryLeases {

@@ -328,8 +328,7 @@ Status MetaService::load() {
   }));
   PENSTOCK_RETURN_IF_ERROR(st);
 
-  const int64_t longest_term = std::max(options_.entry_leases.term_ns, options_.entry_leases.restart_guard_ns);
-  batch.put(std::string(schema::kLeaseTerm), u64_record(static_cast<uint64_t>(std::max<int64_t>(longest_term, 0))));
+  batch.put(std::string(schema::kLeaseTerm), u64_record(static_cast<uint64_t>(options_.entry_leases.restart_guard())));
   // Every node starts offline: the map differs from the one before the restart, so it gets a new
   // version.
   PENSTOCK_RETURN_IF_ERROR(bump_map_version(&batch));

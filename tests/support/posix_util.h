@@ -1,6 +1,7 @@
 // Small POSIX helpers for tests that drive a file system through system calls: an owning fd,
 // whole-buffer read/write loops, deterministic byte patterns, page-cache residency, and errno
-// assertions that print the errno's name. Header-only; every function is thread-compatible (no shared state).
+// assertions that print the errno's name. Header-only; every function is thread-compatible (no
+// shared state).
 #pragma once
 
 #include <fcntl.h>
