@@ -168,9 +168,33 @@ Status corrupt_block(const Target& t, InodeId ino, uint64_t index, uint64_t bloc
                                     "; the bytes are not returned (read another replica)");
 }
 
+// Starts reading from disk what a read of [offset, offset + length) of a chunk of `chunk_size`
+// will touch in a file just opened: the header with the table entries of its blocks, and its
+// blocks. Issued before the header is read, so a cold read waits for the disk once instead of for
+// the header first and the data after it (a chunk written from offset 0 holds header, table and
+// data in one extent, create_chunk, so that is one disk request). A short gap between the table
+// and the data is read along rather than splitting the request.
+void start_cold_read(int fd, uint32_t chunk_size, uint64_t offset, uint64_t length) {
+  constexpr uint64_t kMaxGap = 64 * 1024;
+  const ChunkHeader h = make_chunk_header(0, 0, chunk_size);
+  const uint64_t first_b = offset / kB;
+  const uint64_t end_b = (offset + std::max<uint64_t>(length, 1) + kB - 1) / kB;
+  const uint64_t table_end = h.table_offset + end_b * kTableEntrySize;
+  const uint64_t data_begin = h.data_offset + first_b * kB;
+  const uint64_t data_end = h.data_offset + end_b * kB;
+  if (data_begin <= table_end + kMaxGap) {
+    ::readahead(fd, 0, data_end);
+  } else {
+    ::readahead(fd, 0, table_end);
+    ::readahead(fd, static_cast<off64_t>(data_begin), data_end - data_begin);
+  }
+}
+
 // Opens an existing chunk and validates its header. kNotFound when there is none: a missing file,
-// or one whose header was never written (a crash between create and the first fsync).
-Result<std::shared_ptr<ChunkFile>> open_chunk_file(const Target& t, InodeId ino, uint64_t index) {
+// or one whose header was never written (a crash between create and the first fsync). `cold`,
+// when given, is the read that opens it (start_cold_read).
+Result<std::shared_ptr<ChunkFile>> open_chunk_file(const Target& t, InodeId ino, uint64_t index,
+                                                   const ChunkStore::ReadRange* cold = nullptr) {
   std::string path = t.chunk_path(ino, index);
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
@@ -179,6 +203,7 @@ Result<std::shared_ptr<ChunkFile>> open_chunk_file(const Target& t, InodeId ino,
   }
   auto file = std::make_shared<ChunkFile>();
   file->fd.reset(fd);
+  if (cold != nullptr) start_cold_read(fd, cold->chunk_size, cold->offset, cold->length);
   struct stat st {};
   if (::fstat(fd, &st) != 0) return errno_error(errno, "cannot stat " + path);
   uint64_t size = static_cast<uint64_t>(st.st_size);
@@ -249,9 +274,16 @@ Status reserve(int fd, int mode, uint64_t offset, uint64_t length, const std::st
 
 // Creates a chunk file: header and zeroed table are written to "<index>.tmp", space for them is
 // reserved, then it is renamed into place, so a chunk file always starts with a complete header.
-Result<std::shared_ptr<ChunkFile>> create_chunk(const Target& t, InodeId ino, uint64_t index, uint32_t chunk_size) {
-  std::string dir = t.inode_dir(ino);
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return errno_error(errno, "cannot create " + dir);
+// `first_write_end` > 0 (a first write that starts at offset 0 and ends there) reserves the data
+// blocks of that write in the same fallocate, so header, table and data lie in one extent and a
+// cold read of them is one disk request (the file system would otherwise place the data wherever
+// the write-out finds room, often far from the header when many chunks are created at once).
+Result<std::shared_ptr<ChunkFile>> create_chunk(const Target& t, InodeId ino, uint64_t index, uint32_t chunk_size,
+                                                uint64_t first_write_end) {
+  if (index > 0) {  // chunk 0 lies in the bucket itself
+    std::string dir = t.inode_dir(ino);
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return errno_error(errno, "cannot create " + dir);
+  }
   std::string path = t.chunk_path(ino, index);
   std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -262,7 +294,10 @@ Result<std::shared_ptr<ChunkFile>> create_chunk(const Target& t, InodeId ino, ui
   std::vector<uint8_t> head(file->header.data_offset, 0);
   auto encoded = encode_chunk_header(file->header);
   std::copy(encoded.begin(), encoded.end(), head.begin());
-  Status st = reserve(fd, 0, 0, head.size(), "reserving the header of " + tmp);
+  // KEEP_SIZE: the size comes from the header write, so the data blocks reserved past it stay
+  // outside the chunk's length until written.
+  const uint64_t reserve_end = head.size() + (first_write_end + kB - 1) / kB * kB;
+  Status st = reserve(fd, FALLOC_FL_KEEP_SIZE, 0, reserve_end, "reserving the header of " + tmp);
   if (st.is_ok()) {
     IoOp op = IoOp::write(fd, 0, {std::span<const uint8_t>(head)});
     st = run_io(std::span<IoOp>(&op, 1), false);
@@ -355,7 +390,7 @@ void ChunkStore::open_direct(ChunkFile& file, const std::string& path) {
   }
 }
 
-Result<std::shared_ptr<ChunkFile>> ChunkStore::acquire(InodeId ino, uint64_t chunk_index) {
+Result<std::shared_ptr<ChunkFile>> ChunkStore::acquire(InodeId ino, uint64_t chunk_index, const ReadRange* cold) {
   const Key key{ino.value, chunk_index};
   if (options_.fd_cache > 0) {
     std::lock_guard<std::mutex> g(fd_mu_);
@@ -365,7 +400,7 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::acquire(InodeId ino, uint64_t chu
       return it->second.file;
     }
   }
-  PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file, open_chunk_file(*target_, ino, chunk_index));
+  PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file, open_chunk_file(*target_, ino, chunk_index, cold));
   if (options_.direct_io) open_direct(*file, target_->chunk_path(ino, chunk_index));
   remember(ino, chunk_index, file);
   return file;
@@ -432,7 +467,7 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
   bool created = false;
   auto file = acquire(ino, chunk_index);
   if (!file.has_value() && file.error().code() == Code::kNotFound) {
-    file = create_chunk(*target_, ino, chunk_index, chunk_size);
+    file = create_chunk(*target_, ino, chunk_index, chunk_size, offset == 0 ? data.size() : 0);
     created = true;
   }
   if (!file.has_value()) return file.error();
@@ -586,7 +621,8 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::open_for_read(InodeId ino, uint64
     return Status(Code::kInvalid, "read [" + std::to_string(offset) + ", +" + std::to_string(length) +
                                       ") does not fit a chunk of " + std::to_string(chunk_size) + " bytes");
   }
-  auto file = acquire(ino, chunk_index);
+  const ReadRange range{chunk_size, offset, length};
+  auto file = acquire(ino, chunk_index, &range);
   if (!file.has_value()) {
     if (file.error().code() == Code::kNotFound) return std::shared_ptr<ChunkFile>();
     return file.error();
@@ -747,20 +783,20 @@ Status ChunkStore::truncate(InodeId ino, uint64_t file_size, uint32_t chunk_size
   auto inode_guard = inode_locks_.lock(ino.value);
   PENSTOCK_ASSIGN_OR_RETURN(std::vector<uint64_t> chunks, target_->list_chunks(ino));
   const uint64_t keep_count = layout::chunk_count(file_size, chunk_size);
-  bool removed = false;
+  std::vector<std::string> changed_dirs;  // the directories that named a removed chunk
   for (uint64_t index : chunks) {
     if (index >= keep_count) {
       forget(ino, index);  // no request of this inode runs: the inode lock is exclusive
       std::string path = target_->chunk_path(ino, index);
       if (::unlink(path.c_str()) != 0 && errno != ENOENT) return errno_error(errno, "cannot remove " + path);
-      removed = true;
+      std::string dir = target_->chunk_dir(ino, index);
+      if (std::find(changed_dirs.begin(), changed_dirs.end(), dir) == changed_dirs.end()) changed_dirs.push_back(dir);
     } else if (index == keep_count - 1) {
       uint64_t keep = file_size - index * static_cast<uint64_t>(chunk_size);
       PENSTOCK_RETURN_IF_ERROR(cut_chunk(ino, index, chunk_size, keep));
     }
   }
-  if (removed) {
-    std::string dir = target_->inode_dir(ino);
+  for (const std::string& dir : changed_dirs) {
     Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (dfd.get() >= 0) {
       IoOp op = IoOp::fsync(dfd.get());
@@ -774,17 +810,28 @@ Status ChunkStore::remove(InodeId ino) {
   if (!ino.valid()) return Status(Code::kInvalid, "inode 0 is not a file");
   auto inode_guard = inode_locks_.lock(ino.value);
   forget_inode(ino);  // before the unlinks: a cached descriptor would keep a removed file alive
+  bool changed = false;
+  const std::string first = target_->chunk_path(ino, 0);
+  for (const std::string& path : {first, first + ".tmp"}) {
+    if (::unlink(path.c_str()) == 0) {
+      changed = true;
+    } else if (errno != ENOENT) {
+      return errno_error(errno, "cannot remove " + path);
+    }
+  }
   std::string dir = target_->inode_dir(ino);
   std::optional<std::vector<std::string>> names = entry_names(dir, /*all=*/true);  // rmdir needs all gone
-  if (!names.has_value()) {
-    if (errno == ENOENT) return Status::ok();
+  if (names.has_value()) {
+    for (const auto& name : *names) {
+      std::string path = dir + "/" + name;
+      if (::unlink(path.c_str()) != 0 && errno != ENOENT) return errno_error(errno, "cannot remove " + path);
+    }
+    if (::rmdir(dir.c_str()) != 0 && errno != ENOENT) return errno_error(errno, "cannot remove " + dir);
+    changed = true;
+  } else if (errno != ENOENT) {
     return errno_error(errno, "cannot list " + dir);
   }
-  for (const auto& name : *names) {
-    std::string path = dir + "/" + name;
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return errno_error(errno, "cannot remove " + path);
-  }
-  if (::rmdir(dir.c_str()) != 0 && errno != ENOENT) return errno_error(errno, "cannot remove " + dir);
+  if (!changed) return Status::ok();
   std::string bucket = target_->bucket_dir(ino);
   Fd bfd(::open(bucket.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (bfd.get() < 0) return errno_error(errno, "cannot open " + bucket);
@@ -813,8 +860,11 @@ Status ChunkStore::sync(InodeId ino) {
       fds.push_back(std::move(fd));
     }
     if (start == 0) {
-      // The directory entries: the chunk names (inode dir) and the inode dir's name (bucket dir).
-      for (const std::string& dir : {target_->inode_dir(ino), target_->bucket_dir(ino)}) {
+      // The directory entries: chunk 0's name and the inode dir's (bucket dir), the names of
+      // chunks 1 and up (inode dir, when there are any).
+      std::vector<std::string> dirs{target_->bucket_dir(ino)};
+      if (chunks.back() > 0) dirs.push_back(target_->inode_dir(ino));
+      for (const std::string& dir : dirs) {
         Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
         if (fd.get() < 0) return errno_error(errno, "cannot open " + dir);
         ops.push_back(IoOp::fsync(fd.get()));
@@ -845,31 +895,40 @@ Result<ChunkStore::DropStats> ChunkStore::drop_caches() {
     fds_.clear();
     fd_lru_.clear();
   }
-  // The page cache: every chunk file under chunks/<bucket>/<inode>/. No chunk lock is needed:
-  // sync_file_range and DONTNEED never change a byte, and a file removed meanwhile is skipped.
+  // The page cache: every chunk file under chunks/<bucket>/ (chunk 0) and chunks/<bucket>/<inode>/.
+  // No chunk lock is needed: sync_file_range and DONTNEED never change a byte, and a file removed
+  // meanwhile is skipped.
   const std::string chunks = target_->path() + "/chunks";
   std::vector<std::string> held;  // files with pages DONTNEED could not drop yet
   std::optional<std::vector<std::string>> buckets = entry_names(chunks);
   if (!buckets.has_value()) return errno_error(errno, "cannot list " + chunks);
+  // Writes out and drops the pages of one file; false when it is no regular file (or is gone).
+  auto drop_file = [&](const std::string& path) -> Result<bool> {
+    Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (fd.get() < 0) return false;  // removed meanwhile
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+    // Dirty pages are not dropped by DONTNEED: write them out first (data only, no journal).
+    if (::sync_file_range(fd.get(), 0, 0,
+                          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0) {
+      return errno_error(errno, "cannot write back " + path + " before dropping its cache");
+    }
+    if (int rc = ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED); rc != 0) {
+      return errno_error(rc, "cannot drop the page cache of " + path);
+    }
+    ++stats.files;
+    if (cached_pages(fd.get()) > 0) held.push_back(path);
+    return true;
+  };
   for (const std::string& bucket : *buckets) {
     const std::string bdir = chunks + "/" + bucket;
     // A bucket or inode directory that cannot be listed is not a directory, or was removed meanwhile.
-    for (const std::string& inode : entry_names(bdir).value_or(std::vector<std::string>())) {
-      const std::string idir = bdir + "/" + inode;
-      for (const std::string& name : entry_names(idir).value_or(std::vector<std::string>())) {
-        const std::string path = idir + "/" + name;
-        Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-        if (fd.get() < 0) continue;  // removed meanwhile
-        // Dirty pages are not dropped by DONTNEED: write them out first (data only, no journal).
-        if (::sync_file_range(fd.get(), 0, 0,
-                              SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0) {
-          return errno_error(errno, "cannot write back " + path + " before dropping its cache");
-        }
-        if (int rc = ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED); rc != 0) {
-          return errno_error(rc, "cannot drop the page cache of " + path);
-        }
-        ++stats.files;
-        if (cached_pages(fd.get()) > 0) held.push_back(path);
+    for (const std::string& entry : entry_names(bdir).value_or(std::vector<std::string>())) {
+      const std::string path = bdir + "/" + entry;
+      PENSTOCK_ASSIGN_OR_RETURN(bool was_file, drop_file(path));
+      if (was_file) continue;
+      for (const std::string& name : entry_names(path).value_or(std::vector<std::string>())) {
+        PENSTOCK_RETURN_IF_ERROR(drop_file(path + "/" + name).status());
       }
     }
   }

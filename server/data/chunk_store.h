@@ -143,6 +143,12 @@ class ChunkStore {
   bool direct_writes_active() const { return options_.any_direct() && direct_.load(); }
 
   struct ChunkFile;  // an open chunk file (chunk_store.cc)
+  // The range of a chunk a read asks for: what a cold open starts reading from disk at once.
+  struct ReadRange {
+    uint32_t chunk_size = 0;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+  };
 
  private:
   struct PairHash {
@@ -155,8 +161,9 @@ class ChunkStore {
 
   Status cut_chunk(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint64_t keep);
   // The open file of a chunk: from the cache, else opened (and cached). kNotFound when missing.
+  // `cold`: the read this is for, whose bytes an open starts reading at once (null: no read).
   // REQUIRES: the chunk's lock (either mode) and the inode lock held.
-  Result<std::shared_ptr<ChunkFile>> acquire(InodeId ino, uint64_t chunk_index);
+  Result<std::shared_ptr<ChunkFile>> acquire(InodeId ino, uint64_t chunk_index, const ReadRange* cold = nullptr);
   Result<std::shared_ptr<ChunkFile>> open_for_read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
                                                    uint32_t offset, uint64_t length, uint64_t* chunk_length);
   // Caches a file just created. REQUIRES: the chunk lock held exclusively.

@@ -11,6 +11,8 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <optional>
+#include <string_view>
 
 #include "common/base/log.h"
 #include "server/daemon/daemon.h"
@@ -33,6 +35,60 @@ Status make_dir(const std::string& dir, bool* created) {
   if (errno == EEXIST) return Status::ok();
   int err = errno;
   return Status(err == ENOSPC ? Code::kNoSpace : Code::kIo, "cannot create " + dir + ": " + std::strerror(err));
+}
+
+std::string bucket_name(uint32_t bucket) {
+  char name[8];
+  std::snprintf(name, sizeof(name), "%02x", bucket);
+  return name;
+}
+
+// The number a whole name spells in decimal ("17"); nullopt for anything else ("3.tmp", "junk").
+std::optional<uint64_t> chunk_index_of(std::string_view name) {
+  uint64_t v = 0;
+  auto [ptr, ec] = std::from_chars(name.data(), name.data() + name.size(), v);
+  if (name.empty() || ec != std::errc() || ptr != name.data() + name.size()) return std::nullopt;
+  return v;
+}
+
+Status fsync_dir(const std::string& dir);
+
+// Layout 1 -> 2: every "<bucket>/<ino>/0" becomes "<bucket>/<ino>.0", and an inode directory left
+// empty is removed; then each changed bucket is fsynced. Each step is a rename or rmdir, so a crash
+// leaves every chunk under exactly one of its names, and running it again finishes the job.
+Status move_first_chunks(const std::string& chunks) {
+  uint64_t moved = 0;
+  for (uint32_t b = 0; b < Target::kBuckets; ++b) {
+    const std::string bucket = chunks + "/" + bucket_name(b);
+    DIR* d = ::opendir(bucket.c_str());
+    if (d == nullptr) return Status(Code::kIo, "cannot list " + bucket + ": " + std::strerror(errno));
+    std::vector<std::string> inodes;
+    while (dirent* e = ::readdir(d)) {
+      if (chunk_index_of(e->d_name).has_value()) inodes.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+    bool changed = false;
+    for (const std::string& ino : inodes) {
+      const std::string dir = bucket + "/" + ino;
+      struct stat st {};
+      if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+      const std::string from = dir + "/0";
+      const std::string to = dir + ".0";
+      if (::rename(from.c_str(), to.c_str()) == 0) {
+        ++moved;
+        changed = true;
+      } else if (errno != ENOENT) {
+        return Status(Code::kIo, "cannot move " + from + " to " + to + ": " + std::strerror(errno));
+      }
+      const std::string tmp = dir + "/0.tmp";  // a creation cut off by a crash: never a chunk
+      ::unlink(tmp.c_str());
+      if (::rmdir(dir.c_str()) == 0) changed = true;  // ENOTEMPTY: chunks 1 and up stay there
+    }
+    if (changed) PENSTOCK_RETURN_IF_ERROR(fsync_dir(bucket));
+  }
+  PENSTOCK_LOG(Info) << "moved " << moved << " chunk(s) of " << chunks << " to chunk layout " << Target::kLayoutVersion
+                     << " (chunk 0 of each inode in its bucket)";
+  return Status::ok();
 }
 
 Status fsync_dir(const std::string& dir) {
@@ -74,13 +130,33 @@ Result<std::unique_ptr<Target>> Target::open(const std::string& dir) {
   PENSTOCK_RETURN_IF_ERROR(make_dir(chunks, &created));
   bool bucket_created = false;
   for (uint32_t b = 0; b < kBuckets; ++b) {
-    char name[8];
-    std::snprintf(name, sizeof(name), "/%02x", b);
-    PENSTOCK_RETURN_IF_ERROR(make_dir(chunks + name, &bucket_created));
+    PENSTOCK_RETURN_IF_ERROR(make_dir(chunks + "/" + bucket_name(b), &bucket_created));
   }
   // Buckets are made once; later chunk creation only has to sync the inode and bucket directories.
   if (bucket_created) PENSTOCK_RETURN_IF_ERROR(fsync_dir(chunks));
   if (created) PENSTOCK_RETURN_IF_ERROR(fsync_dir(path));
+  // A target without `layout` is new (nothing in its chunk tree) or was written before layouts
+  // were numbered (layout 1).
+  const std::string layout_file = path + "/layout";
+  uint32_t layout = created ? kLayoutVersion : 1;
+  auto text = daemon::read_small_file(layout_file);
+  if (text.has_value()) {
+    uint32_t v = 0;
+    auto [ptr, ec] = std::from_chars(text->data(), text->data() + text->size(), v);
+    if (ec != std::errc() || ptr != text->data() + text->size() || v == 0) {
+      return Status(Code::kCorrupt, layout_file + " does not hold a layout number; restore it (\"" +
+                                        std::to_string(kLayoutVersion) + "\" for a target of this build)");
+    }
+    if (v > kLayoutVersion) {
+      return Status(Code::kInvalid, path + " has chunk layout " + std::to_string(v) + ", newer than this penstock-data (" +
+                                        std::to_string(kLayoutVersion) + "); run a newer penstock-data on it");
+    }
+    layout = v;
+  }
+  if (layout < kLayoutVersion) PENSTOCK_RETURN_IF_ERROR(move_first_chunks(chunks));
+  if (!text.has_value() || layout < kLayoutVersion) {
+    PENSTOCK_RETURN_IF_ERROR(daemon::write_small_file_durably(layout_file, std::to_string(kLayoutVersion)));
+  }
   return std::unique_ptr<Target>(new Target(std::move(path), std::move(uuid)));
 }
 
@@ -96,19 +172,29 @@ Result<Target::Space> Target::space() const {
 }
 
 std::string Target::bucket_dir(InodeId ino) const {
-  char name[8];
-  std::snprintf(name, sizeof(name), "%02x", static_cast<unsigned>(ino.value % kBuckets));
-  return path_ + "/chunks/" + name;
+  return path_ + "/chunks/" + bucket_name(static_cast<uint32_t>(ino.value % kBuckets));
 }
 
 std::string Target::inode_dir(InodeId ino) const { return bucket_dir(ino) + "/" + std::to_string(ino.value); }
 
+std::string Target::chunk_dir(InodeId ino, uint64_t chunk_index) const {
+  return chunk_index == 0 ? bucket_dir(ino) : inode_dir(ino);
+}
+
 std::string Target::chunk_path(InodeId ino, uint64_t chunk_index) const {
+  if (chunk_index == 0) return inode_dir(ino) + ".0";
   return inode_dir(ino) + "/" + std::to_string(chunk_index);
 }
 
 Result<std::vector<uint64_t>> Target::list_chunks(InodeId ino) const {
   std::vector<uint64_t> out;
+  const std::string first = chunk_path(ino, 0);
+  struct stat st {};
+  if (::stat(first.c_str(), &st) == 0) {
+    out.push_back(0);
+  } else if (errno != ENOENT) {
+    return Status(Code::kIo, "cannot stat " + first + ": " + std::strerror(errno));
+  }
   std::string dir = inode_dir(ino);
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) {
@@ -116,12 +202,8 @@ Result<std::vector<uint64_t>> Target::list_chunks(InodeId ino) const {
     return Status(Code::kIo, "cannot list " + dir + ": " + std::strerror(errno));
   }
   while (dirent* e = ::readdir(d)) {
-    std::string_view name(e->d_name);
-    if (name.empty() || name[0] == '.') continue;
-    uint64_t index = 0;
-    auto [ptr, ec] = std::from_chars(name.data(), name.data() + name.size(), index);
-    if (ec != std::errc() || ptr != name.data() + name.size()) continue;
-    out.push_back(index);
+    std::optional<uint64_t> index = chunk_index_of(e->d_name);
+    if (index.has_value() && *index > 0) out.push_back(*index);
   }
   ::closedir(d);
   std::sort(out.begin(), out.end());

@@ -18,10 +18,17 @@ class Target {
  public:
   // Number of bucket directories under chunks/ (an inode's chunks live in bucket ino % 256).
   static constexpr uint32_t kBuckets = 256;
+  // The directory layout this build writes (the file `layout` of the target). 1: every chunk in
+  // its inode's directory; 2: chunk 0 directly in the bucket, chunks 1 and up in the inode's
+  // directory (docs/chunk-format.md).
+  static constexpr uint32_t kLayoutVersion = 2;
 
-  // Opens the target at `dir`, creating the directory, chunks/ and its buckets, and target.uuid on
-  // first use. kInvalid / kPermission / kIo (from daemon::ensure_directory) naming the path when it
-  // is not a writable directory; kCorrupt when target.uuid holds something other than a uuid.
+  // Opens the target at `dir`, creating the directory, chunks/ and its buckets, target.uuid and
+  // `layout` on first use; a target of layout 1 is moved to layout 2 first (each chunk 0 renamed
+  // into its bucket; restartable: a crash midway is finished by the next open). kInvalid /
+  // kPermission / kIo (from daemon::ensure_directory) naming the path when it is not a writable
+  // directory; kCorrupt when target.uuid holds something other than a uuid or `layout` no layout
+  // number; kInvalid when `layout` names a newer layout than this build knows.
   static Result<std::unique_ptr<Target>> open(const std::string& dir);
 
   const std::string& path() const { return path_; }
@@ -34,9 +41,14 @@ class Target {
   // statvfs of the file system holding the target. kIo on failure.
   Result<Space> space() const;
 
+  // Chunk 0 of an inode is the file "<ino>.0" in its bucket: most files of a dataset are one chunk,
+  // and a cold open of one then reads no directory of its own. Chunks 1 and up live in the inode's
+  // directory "<ino>/" in the bucket, made with the first of them.
   std::string bucket_dir(InodeId ino) const;
   std::string inode_dir(InodeId ino) const;
   std::string chunk_path(InodeId ino, uint64_t chunk_index) const;
+  // The directory that names chunk `chunk_index` (the bucket for chunk 0, else the inode's).
+  std::string chunk_dir(InodeId ino, uint64_t chunk_index) const;
 
   // The chunk indices of `ino` present on this target, ascending. Missing inode: empty.
   // Names that are not a chunk index (e.g. "<index>.tmp" left by a crash) are skipped.

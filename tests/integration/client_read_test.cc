@@ -85,8 +85,7 @@ class ClientReadTest : public ::testing::Test {
   void damage_first_chunk(const proto::InodeAttr& a, uint64_t offset) {
     std::string chunk;
     for (const auto& e : std::filesystem::recursive_directory_iterator(cluster_.dir())) {
-      if (e.is_regular_file() && e.path().filename() == "0" &&
-          e.path().parent_path().filename() == std::to_string(a.ino.value)) {
+      if (e.is_regular_file() && e.path().filename() == std::to_string(a.ino.value) + ".0") {
         chunk = e.path().string();
       }
     }

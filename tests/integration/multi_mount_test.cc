@@ -108,17 +108,21 @@ std::set<std::string> list_dir(const std::string& path) {
   return names;
 }
 
-// Chunk directories of inode `ino` on every data server of the cluster (target/chunks/XX/INO).
-int chunk_dirs_of(const std::string& state_dir, uint64_t ino) {
+// Chunk files of inode `ino` on every data server of the cluster: target/chunks/XX/INO.0 (chunk 0)
+// and the files of target/chunks/XX/INO/ (chunks 1 and up).
+int chunk_files_of(const std::string& state_dir, uint64_t ino) {
   namespace fs = std::filesystem;
+  const std::string name = std::to_string(ino);
   int n = 0;
   std::error_code ec;
   for (fs::recursive_directory_iterator it(state_dir, fs::directory_options::skip_permission_denied, ec), end;
        !ec && it != end; it.increment(ec)) {
-    if (it->is_directory(ec) && it->path().filename() == std::to_string(ino) &&
-        it->path().parent_path().parent_path().filename() == "chunks") {
-      ++n;
-    }
+    if (!it->is_regular_file(ec)) continue;
+    const fs::path& p = it->path();
+    const bool first = p.filename() == name + ".0" && p.parent_path().parent_path().filename() == "chunks";
+    const bool later = p.parent_path().filename() == name &&
+                       p.parent_path().parent_path().parent_path().filename() == "chunks";
+    if (first || later) ++n;
   }
   return n;
 }
@@ -130,7 +134,7 @@ TEST_F(TwoMountsTest, FileUnlinkedOnBStaysReadableOnAAndIsCollectedAfterClose) {
   ASSERT_GE(fd, 0) << errno_name(errno);
   struct stat st {};
   ASSERT_EQ(fstat(fd, &st), 0);
-  EXPECT_GT(chunk_dirs_of(cluster_->state_dir(), st.st_ino), 0);
+  EXPECT_GT(chunk_files_of(cluster_->state_dir(), st.st_ino), 0);
   ASSERT_EQ(unlink(b("f").c_str()), 0) << errno_name(errno);
   bool ok = false;
   EXPECT_TRUE(same_bytes(data, pread_all(fd, data.size(), 0, &ok)));
@@ -139,10 +143,10 @@ TEST_F(TwoMountsTest, FileUnlinkedOnBStaysReadableOnAAndIsCollectedAfterClose) {
   // The close's release reaches the meta server in a batch within milliseconds; the collector then
   // removes the chunks from every data server.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (chunk_dirs_of(cluster_->state_dir(), st.st_ino) > 0 && std::chrono::steady_clock::now() < deadline) {
+  while (chunk_files_of(cluster_->state_dir(), st.st_ino) > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  EXPECT_EQ(chunk_dirs_of(cluster_->state_dir(), st.st_ino), 0) << "chunks of the closed orphan were not collected";
+  EXPECT_EQ(chunk_files_of(cluster_->state_dir(), st.st_ino), 0) << "chunks of the closed orphan were not collected";
 }
 
 TEST_F(TwoMountsTest, MkdirOnAIsVisibleOnBAtOnce) {

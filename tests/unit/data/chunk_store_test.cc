@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 #include <vector>
@@ -356,6 +357,51 @@ TEST_P(ChunkStoreTest, RemoveIsIdempotent) {
   EXPECT_EQ(read(0, 0, 100, kChunk4M, InodeId(kIno.value + 256)).size(), 100u);
   EXPECT_TRUE(store_->remove(kIno).is_ok());
   EXPECT_TRUE(store_->remove(InodeId(999999)).is_ok());
+}
+
+// Chunk 0 lies in the bucket (a one-chunk file has no directory of its own); the inode's
+// directory appears with chunk 1. Truncate and remove handle both places, and remove also drops
+// a leftover creation of chunk 0.
+TEST_P(ChunkStoreTest, ChunkZeroLivesInTheBucketAndLaterChunksInTheInodeDirectory) {
+  namespace fs = std::filesystem;
+  const std::string dir = store_->target().inode_dir(kIno);
+  const std::vector<uint8_t> first = pattern(5000, 40);
+  write(0, 0, first, kChunk64K);
+  EXPECT_EQ(path(0), store_->target().bucket_dir(kIno) + "/" + std::to_string(kIno.value) + ".0");
+  EXPECT_TRUE(fs::is_regular_file(path(0)));
+  EXPECT_FALSE(fs::exists(dir));
+  EXPECT_TRUE(store_->sync(kIno).is_ok());
+  write(1, 0, pattern(100, 41), kChunk64K);
+  EXPECT_TRUE(fs::is_regular_file(dir + "/1"));
+  EXPECT_TRUE(store_->sync(kIno).is_ok());
+  ASSERT_TRUE(store_->truncate(kIno, 3000, kChunk64K).is_ok());
+  EXPECT_FALSE(fs::exists(dir + "/1"));
+  EXPECT_EQ(read(0, 0, kChunk64K, kChunk64K), std::vector<uint8_t>(first.begin(), first.begin() + 3000));
+  ASSERT_TRUE(store_->truncate(kIno, 0, kChunk64K).is_ok());
+  EXPECT_FALSE(fs::exists(path(0)));
+  write(0, 0, pattern(10, 42), kChunk64K);
+  std::ofstream(path(0) + ".tmp") << "a creation cut off by a crash";
+  ASSERT_TRUE(store_->remove(kIno).is_ok());
+  EXPECT_FALSE(fs::exists(path(0)));
+  EXPECT_FALSE(fs::exists(path(0) + ".tmp"));
+  EXPECT_FALSE(fs::exists(dir));
+  EXPECT_TRUE(fs::is_directory(store_->target().bucket_dir(kIno)));
+}
+
+// A chunk created by a write at offset 0 has its header, table and that write's blocks reserved in
+// one fallocate, so they lie in one run of disk blocks and a cold read of them is one request.
+// (ext4 otherwise puts the header, a small allocation, in its per-CPU small-file area and the data
+// elsewhere.) Checked with FIEMAP where the file system has it.
+TEST_P(ChunkStoreTest, FirstWriteAtZeroLiesWithTheHeaderOnDisk) {
+  write(0, 0, pattern(100 << 10, 43));
+  ASSERT_TRUE(store_->sync(kIno).is_ok());
+  int fd = ::open(path(0).c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  const uint64_t end = data_offset() + (100 << 10);
+  auto runs = testing::physical_runs(fd, end);
+  ::close(fd);
+  if (!runs.has_value()) GTEST_SKIP() << "no FIEMAP on $TMPDIR's file system";
+  EXPECT_EQ(*runs, 1) << "header and data are " << *runs << " separate runs of disk blocks";
 }
 
 TEST_P(ChunkStoreTest, SyncFlushesAndToleratesMissingInode) {

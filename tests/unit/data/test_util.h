@@ -2,10 +2,14 @@
 // and deterministic byte patterns.
 #pragma once
 
+#include <linux/fiemap.h>
+#include <linux/fs.h>
 #include <stdlib.h>
+#include <sys/ioctl.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -36,6 +40,28 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// How many runs of physically contiguous disk blocks hold bytes [0, end) of the open file `fd`
+// (FIEMAP); nullopt when the file system cannot say (tmpfs).
+inline std::optional<int> physical_runs(int fd, uint64_t end) {
+  constexpr int kMax = 64;
+  std::vector<uint8_t> buf(sizeof(fiemap) + kMax * sizeof(fiemap_extent));
+  auto* fm = reinterpret_cast<fiemap*>(buf.data());
+  fm->fm_start = 0;
+  fm->fm_length = end;
+  fm->fm_flags = FIEMAP_FLAG_SYNC;
+  fm->fm_extent_count = kMax;
+  if (::ioctl(fd, FS_IOC_FIEMAP, fm) != 0) return std::nullopt;
+  int runs = 0;
+  uint64_t next_physical = 0;
+  for (uint32_t i = 0; i < fm->fm_mapped_extents; ++i) {
+    const fiemap_extent& e = fm->fm_extents[i];
+    if (e.fe_logical >= end) break;
+    if (runs == 0 || e.fe_physical != next_physical) ++runs;
+    next_physical = e.fe_physical + e.fe_length;
+  }
+  return runs;
+}
 
 // `n` bytes derived from `seed` (never all zero, so a hole cannot pass for written data).
 inline std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
