@@ -49,6 +49,10 @@ class Channel {
  public:
   virtual ~Channel() = default;
   virtual void start_call(OutgoingCall call, CallCallback done) = 0;
+  // start_call() for a caller that waits: returns what the callback would get. The default waits
+  // for start_call(); TCP lets the calling thread send and read its own response on a connection
+  // of its own (tcp/blocking_call.h), which saves the I/O thread's two wake-ups per call.
+  virtual Result<CallReply> call_sync(OutgoingCall call);
   // "tcp 127.0.0.1:7000": for status output and logs.
   virtual std::string describe() const = 0;
 };
@@ -75,6 +79,10 @@ class IoRuntime {
 struct TcpOptions {
   std::chrono::milliseconds connect_timeout{3000};
   int connections = 2;  // sockets per server; calls are spread over them, many in flight on each
+  // Sockets per server for call_sync(), each used by one waiting caller at a time and kept for the
+  // next (made as needed, up to this many; callers beyond wait through the shared connections).
+  // 0: call_sync() always goes through the shared connections.
+  int blocking_connections = 8;
 };
 
 // A TCP channel (Boost.Asio). Connects lazily on the first call and again after a connection is

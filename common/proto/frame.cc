@@ -30,6 +30,18 @@ std::array<uint8_t, kFrameHeaderSize> encode_header(const FrameHeader& h) {
   return b;
 }
 
+std::array<uint8_t, kFrameHeaderSize> encode_request_header(ServiceId service, uint16_t method, uint64_t id,
+                                                            uint32_t message_len, uint32_t bulk_len) {
+  FrameHeader h;
+  h.kind = FrameKind::kRequest;
+  h.service = service;
+  h.method = method;
+  h.request_id = id;
+  h.message_len = message_len;
+  h.bulk_len = bulk_len;
+  return encode_header(h);
+}
+
 Result<FrameHeader> decode_header(std::span<const uint8_t> b) {
   if (b.size() < kFrameHeaderSize) return bad("truncated (" + std::to_string(b.size()) + " bytes)");
   if (load<uint32_t>(&b[0]) != kFrameMagic) return bad("wrong magic (not a Penstock peer?)");

@@ -38,6 +38,9 @@ struct FrameHeader {
 
 // Writes the 32-byte header.
 std::array<uint8_t, kFrameHeaderSize> encode_header(const FrameHeader& h);
+// The header of request `id` to `service`'s `method`, carrying the given message and bulk lengths.
+std::array<uint8_t, kFrameHeaderSize> encode_request_header(ServiceId service, uint16_t method, uint64_t id,
+                                                            uint32_t message_len, uint32_t bulk_len);
 
 // Parses and validates a header from a peer: magic, version, kind, service, reserved bits,
 // status code and both lengths against the limits. kProtocol on any violation.

@@ -1,11 +1,10 @@
 // RpcClient: typed calls over a Channel. call<M>() blocks the calling thread until the reply or the
-// deadline; call_async<M>() returns at once and runs the callback on an I/O thread, which is how
+// deadline (Channel::call_sync); call_async<M>() returns at once and runs the callback on an I/O thread, which is how
 // the client library fans one request out to many data servers in parallel.
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
 #include <chrono>
-#include <future>
 #include <memory>
 #include <span>
 
@@ -30,6 +29,25 @@ class RpcClient {
   template <proto::RpcMethod M>
   void call_async(const typename M::Request& req, const CallOptions& opts,
                   std::function<void(Result<typename M::Response>)> done) {
+    net::OutgoingCall call = make_call<M>(req, opts);
+    uint32_t* received = opts.bulk_received;
+    channel_->start_call(std::move(call), [done = std::move(done), received](Result<net::CallReply> r) {
+      done(decode_reply<M>(std::move(r), received));
+    });
+  }
+
+  // call_async() for a caller that waits: on TCP the calling thread sends and reads its own
+  // response (net::Channel::call_sync), no I/O thread involved.
+  template <proto::RpcMethod M>
+  Result<typename M::Response> call(const typename M::Request& req, const CallOptions& opts = {}) {
+    return decode_reply<M>(channel_->call_sync(make_call<M>(req, opts)), opts.bulk_received);
+  }
+
+  const std::shared_ptr<net::Channel>& channel() const { return channel_; }
+
+ private:
+  template <proto::RpcMethod M>
+  net::OutgoingCall make_call(const typename M::Request& req, const CallOptions& opts) const {
     net::OutgoingCall call;
     call.service = M::kService;
     call.method = M::kId;
@@ -37,34 +55,20 @@ class RpcClient {
     call.bulk_out = opts.bulk_out;
     call.bulk_in = opts.bulk_in;
     call.deadline = net::Clock::now() + (opts.timeout.count() > 0 ? opts.timeout : default_timeout_);
-    uint32_t* received = opts.bulk_received;
-    channel_->start_call(std::move(call), [done = std::move(done), received](Result<net::CallReply> r) {
-      if (!r.has_value()) {
-        done(std::move(r).error().with_context(std::string(M::kName)));
-        return;
-      }
-      if (received != nullptr) *received = r->bulk_len;
-      auto msg = proto::decode<typename M::Response>(std::span<const uint8_t>(
-          reinterpret_cast<const uint8_t*>(r->message.data()), r->message.size()));
-      if (!msg.has_value()) {
-        done(std::move(msg).error().with_context(std::string(M::kName) + " response"));
-        return;
-      }
-      done(std::move(msg).value());
-    });
+    return call;
   }
 
+  // The typed response of a call's reply; `received` (if set) gets the reply's bulk length.
   template <proto::RpcMethod M>
-  Result<typename M::Response> call(const typename M::Request& req, const CallOptions& opts = {}) {
-    std::promise<Result<typename M::Response>> p;
-    auto f = p.get_future();
-    call_async<M>(req, opts, [&p](Result<typename M::Response> r) { p.set_value(std::move(r)); });
-    return f.get();
+  static Result<typename M::Response> decode_reply(Result<net::CallReply> r, uint32_t* received) {
+    if (!r.has_value()) return std::move(r).error().with_context(std::string(M::kName));
+    if (received != nullptr) *received = r->bulk_len;
+    auto msg = proto::decode<typename M::Response>(
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(r->message.data()), r->message.size()));
+    if (!msg.has_value()) return std::move(msg).error().with_context(std::string(M::kName) + " response");
+    return msg;
   }
 
-  const std::shared_ptr<net::Channel>& channel() const { return channel_; }
-
- private:
   std::shared_ptr<net::Channel> channel_;
   std::chrono::milliseconds default_timeout_;
 };

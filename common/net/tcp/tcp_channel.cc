@@ -56,6 +56,7 @@
 #include <boost/asio/write.hpp>
 
 #include "common/base/log.h"
+#include "common/net/tcp/blocking_call.h"
 #include "common/net/tcp/send_now.h"
 #include "common/net/transport.h"
 #include "common/proto/frame.h"
@@ -118,14 +119,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (closed_locked_) return false;
       WriteItem item;
       item.id = id;
-      proto::FrameHeader h;
-      h.kind = proto::FrameKind::kRequest;
-      h.service = call.service;
-      h.method = call.method;
-      h.request_id = id;
-      h.message_len = static_cast<uint32_t>(call.message.size());
-      h.bulk_len = static_cast<uint32_t>(call.bulk_out.size());
-      item.header = proto::encode_header(h);
+      item.header = proto::encode_request_header(call.service, call.method, id, static_cast<uint32_t>(call.message.size()),
+                                                 static_cast<uint32_t>(call.bulk_out.size()));
       item.message = std::move(call.message);
       item.bulk_out = call.bulk_out;
       earliest_deadline_ = std::min(earliest_deadline_, call.deadline);
@@ -580,10 +575,7 @@ class TcpChannel : public Channel {
   }
 
   void start_call(OutgoingCall call, CallCallback done) override {
-    if (call.message.size() > proto::kMaxMessageBytes || call.bulk_out.size() > proto::kMaxBulkBytes) {
-      Status st(Code::kInvalid, "request to " + server_.to_string() + " is over the frame limits (message " +
-                                    std::to_string(call.message.size()) + " bytes, bulk " +
-                                    std::to_string(call.bulk_out.size()) + " bytes)");
+    if (Status st = check_limits(call); !st.is_ok()) {
       asio::post(context(), [done = std::move(done), st = std::move(st)] { done(st); });
       return;
     }
@@ -607,9 +599,71 @@ class TcpChannel : public Channel {
     }
   }
 
+  Result<CallReply> call_sync(OutgoingCall call) override {
+    PENSTOCK_RETURN_IF_ERROR(check_limits(call));
+    std::unique_ptr<BlockingConnection> conn = take_blocking();
+    if (conn == nullptr) return Channel::call_sync(std::move(call));  // all in use: the shared path
+    if (conn->failed()) {
+      // A placeholder: make the connection now (counted in blocking_open_ already, so concurrent
+      // callers cannot pass the bound).
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(call.deadline - Clock::now());
+      auto made = BlockingConnection::connect(
+          server_, std::clamp(left, std::chrono::milliseconds(1), options_.connect_timeout));
+      if (!made.has_value()) {
+        give_back_blocking(nullptr);
+        return std::move(made).error();
+      }
+      conn = std::move(*made);
+    }
+    Result<CallReply> r = conn->call(next_id_.fetch_add(1, std::memory_order_relaxed), call);
+    give_back_blocking(std::move(conn));
+    return r;
+  }
+
   std::string describe() const override { return "tcp " + server_.to_string(); }
 
  private:
+  // An idle blocking connection that is still usable, or, when fewer than the bound are open, a
+  // placeholder (broken(), to be replaced by a new connection; counted as open); null when every
+  // one is in use.
+  std::unique_ptr<BlockingConnection> take_blocking() {
+    for (;;) {
+      std::unique_ptr<BlockingConnection> conn;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (idle_blocking_.empty()) {
+          if (blocking_open_ >= options_.blocking_connections) return nullptr;
+          ++blocking_open_;
+          return std::make_unique<BlockingConnection>();
+        }
+        conn = std::move(idle_blocking_.back());
+        idle_blocking_.pop_back();
+      }
+      if (!conn->broken()) return conn;  // a server restart closes idle ones: those are dropped
+      give_back_blocking(nullptr);
+    }
+  }
+
+  // Returns a connection taken with take_blocking(): kept for the next call unless a call failed
+  // on it (or it is null: closed, no longer counted).
+  void give_back_blocking(std::unique_ptr<BlockingConnection> conn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (conn != nullptr && !conn->failed()) {
+      idle_blocking_.push_back(std::move(conn));
+    } else {
+      --blocking_open_;
+    }
+  }
+
+  Status check_limits(const OutgoingCall& call) const {
+    if (call.message.size() > proto::kMaxMessageBytes || call.bulk_out.size() > proto::kMaxBulkBytes) {
+      return Status(Code::kInvalid, "request to " + server_.to_string() + " is over the frame limits (message " +
+                                        std::to_string(call.message.size()) + " bytes, bulk " +
+                                        std::to_string(call.bulk_out.size()) + " bytes)");
+    }
+    return Status::ok();
+  }
+
   // Each connection lives on the context of one I/O thread; a channel's connections spread over them.
   asio::io_context& context() { return *static_cast<asio::io_context*>(runtime_.native_context()); }
 
@@ -620,6 +674,8 @@ class TcpChannel : public Channel {
   std::mutex mu_;  // before Connection::mu_
   size_t next_slot_ = 0;                             // guarded by mu_
   std::vector<std::shared_ptr<Connection>> slots_;   // guarded by mu_
+  std::vector<std::unique_ptr<BlockingConnection>> idle_blocking_;  // guarded by mu_
+  int blocking_open_ = 0;  // blocking connections idle, in use or being made; guarded by mu_
 };
 
 }  // namespace

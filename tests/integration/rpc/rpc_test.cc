@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -287,6 +288,61 @@ TEST_F(RpcTest, ManyTimeoutsAndCompletionsRaceWithoutDoubleCompletion) {
   std::this_thread::sleep_for(400ms);  // all late responses arrive and are dropped
   for (auto& c : completions) EXPECT_EQ(c.load(), 1);
   expect_echo_works();
+}
+
+// Established client sockets of this machine connected to 127.0.0.1:`port` (/proc/net/tcp).
+int client_connections_to(uint16_t port) {
+  std::FILE* f = std::fopen("/proc/net/tcp", "r");
+  if (f == nullptr) return -1;
+  char line[512];
+  int n = 0;
+  char want[16];
+  std::snprintf(want, sizeof(want), ":%04X", port);
+  std::fgets(line, sizeof(line), f);  // the heading
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    char local[64], remote[64];
+    unsigned state = 0;
+    if (std::sscanf(line, "%*d: %63s %63s %x", local, remote, &state) != 3) continue;
+    const std::string l(local), r(remote);
+    if (state == 1 && r.size() > 5 && r.substr(r.size() - 5) == want && l.substr(l.size() - 5) != want) ++n;
+  }
+  std::fclose(f);
+  return n;
+}
+
+// Blocking calls from many threads at once: each has a connection of its own up to the channel's
+// bound, the rest wait through the shared connections; all complete, matched, and the channel
+// never holds more sockets than the two bounds allow.
+TEST_F(RpcTest, BlockingCallsFromManyThreadsStayWithinTheConnectionBound) {
+  auto channel = net::make_tcp_channel(runtime_, net::Endpoint{"127.0.0.1", port_}, net::TcpOptions{1000ms, 2, 3});
+  rpc::RpcClient client(channel, 5s);
+  std::atomic<int> ok{0};
+  std::atomic<int> most{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 12; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        EchoReq req;
+        req.text = "thread " + std::to_string(t) + " call " + std::to_string(i);
+        if (i % 4 == 0) {
+          auto r = client.call<Sleep>(SleepReq{20, 0});
+          if (r.has_value()) ok.fetch_add(1);
+        } else {
+          auto r = client.call<Echo>(req);
+          if (r.has_value() && r->text == req.text) ok.fetch_add(1);
+        }
+        const int now = client_connections_to(port_);
+        int seen = most.load();
+        while (now > seen && !most.compare_exchange_weak(seen, now)) {
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(ok.load(), 12 * 20);
+  // This channel's 2 shared + 3 blocking, and the fixture's channel (idle: at most its 2 shared).
+  EXPECT_GT(most.load(), 2);
+  EXPECT_LE(most.load(), 2 + 3 + 2);
 }
 
 TEST_F(RpcTest, ErrorStatusAndTextPropagate) {
@@ -621,6 +677,16 @@ TEST_F(RpcTest, ResponseFrameSentToServerClosesTheConnection) {
   expect_echo_works();
 }
 
+// How a test's blocking call travels: on a blocking connection of its own (the calling thread
+// reads its response: net::Channel::call_sync), or through the shared connections' I/O thread
+// (what call_async uses, and call_sync once every blocking connection is in use).
+enum class CallPath { kBlocking, kShared };
+const CallPath kBothPaths[] = {CallPath::kBlocking, CallPath::kShared};
+const char* path_name(CallPath p) { return p == CallPath::kBlocking ? "blocking connection" : "shared connection"; }
+net::TcpOptions tcp_options(std::chrono::milliseconds connect_timeout, CallPath path) {
+  return net::TcpOptions{connect_timeout, 1, path == CallPath::kBlocking ? 1 : 0};
+}
+
 TEST(RpcChannelTest, ConnectTimeoutWhenTheListenerNeverAnswers) {
   // A listener with a full accept queue drops new SYNs, so a connect hangs until our timeout.
   asio::io_context io;
@@ -630,19 +696,22 @@ TEST(RpcChannelTest, ConnectTimeoutWhenTheListenerNeverAnswers) {
   tcp::socket filler(io);
   filler.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));  // fills the queue
 
-  net::IoRuntime runtime(1);
-  auto channel = net::make_tcp_channel(runtime, net::Endpoint{"127.0.0.1", port}, net::TcpOptions{300ms, 1});
-  rpc::RpcClient client(channel, 5s);
-  auto t0 = std::chrono::steady_clock::now();
-  auto r = client.call<Echo>(EchoReq{});
-  auto took = std::chrono::steady_clock::now() - t0;
-  ASSERT_FALSE(r.has_value());
-  EXPECT_EQ(r.error().code(), Code::kUnavailable) << r.error().to_string();
-  EXPECT_NE(r.error().message().find("cannot connect to 127.0.0.1:" + std::to_string(port) + ": timed out after 300 ms"),
-            std::string::npos)
-      << r.error().message();
-  EXPECT_GE(took, 290ms);
-  EXPECT_LT(took, 1500ms);
+  for (CallPath path : kBothPaths) {
+    SCOPED_TRACE(path_name(path));
+    net::IoRuntime runtime(1);
+    auto channel = net::make_tcp_channel(runtime, net::Endpoint{"127.0.0.1", port}, tcp_options(300ms, path));
+    rpc::RpcClient client(channel, 5s);
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = client.call<Echo>(EchoReq{});
+    auto took = std::chrono::steady_clock::now() - t0;
+    ASSERT_FALSE(r.has_value());
+    EXPECT_EQ(r.error().code(), Code::kUnavailable) << r.error().to_string();
+    EXPECT_NE(r.error().message().find("cannot connect to 127.0.0.1:" + std::to_string(port) + ": timed out after 300 ms"),
+              std::string::npos)
+        << r.error().message();
+    EXPECT_GE(took, 290ms);
+    EXPECT_LT(took, 1500ms);
+  }
 }
 
 // A fake server on a raw socket: accepts one connection, reads one request frame and answers with
@@ -702,9 +771,10 @@ class FakeServer {
   std::thread thread_;
 };
 
-Result<EchoResp> call_fake(uint16_t port, std::span<uint8_t> bulk_in, uint32_t* received = nullptr) {
+Result<EchoResp> call_fake(uint16_t port, std::span<uint8_t> bulk_in, uint32_t* received = nullptr,
+                           CallPath path = CallPath::kBlocking) {
   net::IoRuntime runtime(1);
-  auto channel = net::make_tcp_channel(runtime, net::Endpoint{"127.0.0.1", port}, net::TcpOptions{1000ms, 1});
+  auto channel = net::make_tcp_channel(runtime, net::Endpoint{"127.0.0.1", port}, tcp_options(1000ms, path));
   rpc::RpcClient client(channel, 3s);
   rpc::CallOptions opts;
   opts.bulk_in = bulk_in;
@@ -717,102 +787,126 @@ Result<EchoResp> call_fake(uint16_t port, std::span<uint8_t> bulk_in, uint32_t* 
 }
 
 TEST(RpcChannelTest, GarbageFromServerIsProtocolError) {
-  FakeServer server([](tcp::socket& s, const proto::FrameHeader&) {
-    std::string garbage(40, '\x5a');
-    boost::system::error_code ec;
-    asio::write(s, asio::buffer(garbage), ec);
-  });
-  auto r = call_fake(server.port(), {});
-  ASSERT_FALSE(r.has_value());
-  EXPECT_EQ(r.error().code(), Code::kProtocol) << r.error().to_string();
+  for (CallPath path : kBothPaths) {
+    SCOPED_TRACE(path_name(path));
+    FakeServer server([](tcp::socket& s, const proto::FrameHeader&) {
+      std::string garbage(40, '\x5a');
+      boost::system::error_code ec;
+      asio::write(s, asio::buffer(garbage), ec);
+    });
+    auto r = call_fake(server.port(), {}, nullptr, path);
+    ASSERT_FALSE(r.has_value());
+    EXPECT_EQ(r.error().code(), Code::kProtocol) << r.error().to_string();
+  }
 }
 
 TEST(RpcChannelTest, RequestFrameFromServerIsProtocolError) {
-  FakeServer server([](tcp::socket& s, const proto::FrameHeader& req) {
-    auto hb = proto::encode_header(req);  // echoes the request header back: kind is request
-    boost::system::error_code ec;
-    asio::write(s, asio::buffer(hb), ec);
-  });
-  auto r = call_fake(server.port(), {});
-  ASSERT_FALSE(r.has_value());
-  EXPECT_EQ(r.error().code(), Code::kProtocol) << r.error().to_string();
+  for (CallPath path : kBothPaths) {
+    SCOPED_TRACE(path_name(path));
+    FakeServer server([](tcp::socket& s, const proto::FrameHeader& req) {
+      auto hb = proto::encode_header(req);  // echoes the request header back: kind is request
+      boost::system::error_code ec;
+      asio::write(s, asio::buffer(hb), ec);
+    });
+    auto r = call_fake(server.port(), {}, nullptr, path);
+    ASSERT_FALSE(r.has_value());
+    EXPECT_EQ(r.error().code(), Code::kProtocol) << r.error().to_string();
+  }
 }
 
 TEST(RpcChannelTest, ServerClosingMidCallIsUnavailableNamingTheServer) {
-  FakeServer server([](tcp::socket& s, const proto::FrameHeader&) {
-    boost::system::error_code ec;
-    s.close(ec);
-  });
-  auto r = call_fake(server.port(), {});
-  ASSERT_FALSE(r.has_value());
-  EXPECT_EQ(r.error().code(), Code::kUnavailable) << r.error().to_string();
-  EXPECT_NE(r.error().message().find("127.0.0.1:" + std::to_string(server.port())), std::string::npos);
+  for (CallPath path : kBothPaths) {
+    SCOPED_TRACE(path_name(path));
+    FakeServer server([](tcp::socket& s, const proto::FrameHeader&) {
+      boost::system::error_code ec;
+      s.close(ec);
+    });
+    auto r = call_fake(server.port(), {}, nullptr, path);
+    ASSERT_FALSE(r.has_value());
+    EXPECT_EQ(r.error().code(), Code::kUnavailable) << r.error().to_string();
+    EXPECT_NE(r.error().message().find("127.0.0.1:" + std::to_string(server.port())), std::string::npos);
+  }
 }
 
 TEST(RpcChannelTest, ResponseForUnknownIdIsDiscardedWithItsBulk) {
-  FakeServer server([](tcp::socket& s, const proto::FrameHeader& req) {
-    FakeServer::send_response(s, req.request_id + 1000, 0, "junk", std::vector<uint8_t>(100000, 0xEE));
-    FakeServer::send_response(s, req.request_id, 0, proto::encode(EchoResp{"hi", 0}), {1, 2, 3});
-  });
-  std::vector<uint8_t> in(10, 0);
-  uint32_t received = 0;
-  auto r = call_fake(server.port(), in, &received);
-  ASSERT_TRUE(r.has_value()) << r.error().to_string();
-  EXPECT_EQ(r->text, "hi");
-  ASSERT_EQ(received, 3u);
-  EXPECT_EQ(in, (std::vector<uint8_t>{1, 2, 3, 0, 0, 0, 0, 0, 0, 0}));
+  for (CallPath path : kBothPaths) {
+    SCOPED_TRACE(path_name(path));
+    FakeServer server([](tcp::socket& s, const proto::FrameHeader& req) {
+      FakeServer::send_response(s, req.request_id + 1000, 0, "junk", std::vector<uint8_t>(100000, 0xEE));
+      FakeServer::send_response(s, req.request_id, 0, proto::encode(EchoResp{"hi", 0}), {1, 2, 3});
+    });
+    std::vector<uint8_t> in(10, 0);
+    uint32_t received = 0;
+    auto r = call_fake(server.port(), in, &received, path);
+    ASSERT_TRUE(r.has_value()) << r.error().to_string();
+    EXPECT_EQ(r->text, "hi");
+    ASSERT_EQ(received, 3u);
+    EXPECT_EQ(in, (std::vector<uint8_t>{1, 2, 3, 0, 0, 0, 0, 0, 0, 0}));
+  }
 }
 
 TEST(RpcChannelTest, ErrorResponseWithBulkKeepsCallerBufferUntouched) {
-  FakeServer server([](tcp::socket& s, const proto::FrameHeader& req) {
-    FakeServer::send_response(s, req.request_id, static_cast<uint32_t>(Code::kCorrupt), "block 3 bad",
-                              std::vector<uint8_t>(8, 0xEE));
-  });
-  std::vector<uint8_t> in(10, 0);
-  auto r = call_fake(server.port(), in);
-  ASSERT_FALSE(r.has_value());
-  EXPECT_EQ(r.error().code(), Code::kCorrupt);
-  EXPECT_NE(r.error().message().find("block 3 bad"), std::string::npos);
-  EXPECT_EQ(in, std::vector<uint8_t>(10, 0));
+  for (CallPath path : kBothPaths) {
+    SCOPED_TRACE(path_name(path));
+    FakeServer server([](tcp::socket& s, const proto::FrameHeader& req) {
+      FakeServer::send_response(s, req.request_id, static_cast<uint32_t>(Code::kCorrupt), "block 3 bad",
+                                std::vector<uint8_t>(8, 0xEE));
+    });
+    std::vector<uint8_t> in(10, 0);
+    auto r = call_fake(server.port(), in, nullptr, path);
+    ASSERT_FALSE(r.has_value());
+    EXPECT_EQ(r.error().code(), Code::kCorrupt);
+    EXPECT_NE(r.error().message().find("block 3 bad"), std::string::npos);
+    EXPECT_EQ(in, std::vector<uint8_t>(10, 0));
+  }
 }
 
 TEST(RpcChannelTest, ServerStallingMidBulkTimesOutAndFreesTheBuffer) {
-  FakeServer server([](tcp::socket& s, const proto::FrameHeader& req) {
-    proto::FrameHeader h;
-    h.kind = proto::FrameKind::kResponse;
-    h.service = ServiceId::kData;
-    h.method = Echo::kId;
-    h.request_id = req.request_id;
-    const std::string msg = proto::encode(EchoResp{"hi", 0});
-    h.message_len = static_cast<uint32_t>(msg.size());
-    h.bulk_len = 1000;
-    auto hb = proto::encode_header(h);
-    boost::system::error_code ec;
-    asio::write(s, std::array<asio::const_buffer, 3>{asio::buffer(hb), asio::buffer(msg), asio::buffer("0123456789", 10)}, ec);
-    // ...and the other 990 bulk bytes never come.
-  });
-  net::IoRuntime runtime(1);
-  auto channel = net::make_tcp_channel(runtime, net::Endpoint{"127.0.0.1", server.port()}, net::TcpOptions{1000ms, 1});
-  rpc::RpcClient client(channel, 3s);
-  auto in = std::make_unique<std::vector<uint8_t>>(1000, 0);
-  rpc::CallOptions opts;
-  opts.bulk_in = *in;
-  opts.timeout = 300ms;
-  auto t0 = std::chrono::steady_clock::now();
-  auto r = client.call<Echo>(EchoReq{}, opts);
-  auto took = std::chrono::steady_clock::now() - t0;
-  ASSERT_FALSE(r.has_value());
-  EXPECT_EQ(r.error().code(), Code::kTimeout) << r.error().to_string();
-  EXPECT_GE(took, 300ms);
-  EXPECT_LT(took, 3000ms);
-  // When the bulk read had begun before the deadline, the call waited out the stall grace and the
-  // first bytes landed; on a loaded machine the deadline may pass first and nothing lands. Both are
-  // correct: what matters is that the buffer is never touched after the call returned.
-  if (took >= 1000ms) {
-    EXPECT_EQ((*in)[0], '0');
+  for (CallPath path : kBothPaths) {
+    SCOPED_TRACE(path_name(path));
+    FakeServer server([](tcp::socket& s, const proto::FrameHeader& req) {
+      proto::FrameHeader h;
+      h.kind = proto::FrameKind::kResponse;
+      h.service = ServiceId::kData;
+      h.method = Echo::kId;
+      h.request_id = req.request_id;
+      const std::string msg = proto::encode(EchoResp{"hi", 0});
+      h.message_len = static_cast<uint32_t>(msg.size());
+      h.bulk_len = 1000;
+      auto hb = proto::encode_header(h);
+      boost::system::error_code ec;
+      asio::write(s, std::array<asio::const_buffer, 3>{asio::buffer(hb), asio::buffer(msg), asio::buffer("0123456789", 10)}, ec);
+      // ...and the other 990 bulk bytes never come.
+    });
+    net::IoRuntime runtime(1);
+    auto channel = net::make_tcp_channel(runtime, net::Endpoint{"127.0.0.1", server.port()}, tcp_options(1000ms, path));
+    rpc::RpcClient client(channel, 3s);
+    auto in = std::make_unique<std::vector<uint8_t>>(1000, 0);
+    rpc::CallOptions opts;
+    opts.bulk_in = *in;
+    opts.timeout = 300ms;
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = client.call<Echo>(EchoReq{}, opts);
+    auto took = std::chrono::steady_clock::now() - t0;
+    ASSERT_FALSE(r.has_value());
+    EXPECT_EQ(r.error().code(), Code::kTimeout) << r.error().to_string();
+    EXPECT_GE(took, 300ms);
+    EXPECT_LT(took, 3000ms);
+    // When the bulk read had begun before the deadline, the call waited out the stall grace and the
+    // first bytes landed; on a loaded machine the deadline may pass first and nothing lands. Both are
+    // correct: what matters is that the buffer is never touched after the call returned.
+    if (took >= 1000ms) {
+      EXPECT_EQ((*in)[0], '0');
+    }
+    if (path == CallPath::kBlocking) {
+      // The calling thread does the read itself, so the deadline ends it at once (no stall grace)
+      // and the bytes that came before it are in the buffer.
+      EXPECT_LT(took, 1000ms);
+      EXPECT_EQ((*in)[0], '0');
+    }
+    in.reset();  // the aborted read must not touch it any more (AddressSanitizer checks)
+    channel.reset();
   }
-  in.reset();  // the aborted read must not touch it any more (AddressSanitizer checks)
-  channel.reset();
 }
 
 TEST(RpcServerTest, ConnectionsOverMaxAreRefused) {
