@@ -16,8 +16,9 @@
 // feeds the same handlers: dispatch_rdma() runs on its event thread and posts to the same workers;
 // a worker answers through RdmaRequest::reply().
 // A handler may return a file range as its bulk (RequestContext::send_file): handle_request stages
-// it in a pipe on the handler's thread and the writer splices the pipe into the socket after the
-// header and message, so the bytes never pass through user space (file_bulk.h).
+// it in a pipe on the handler's thread, and the worker (when the socket is idle) or else the
+// strand's writer splices the pipe into the socket after the header and message, so the bytes
+// never pass through user space (file_bulk.h).
 // Lock order: ServerState::mu and ServerConnection::wire_mu_ are leaf locks (never held while
 // calling out).
 #include "common/rpc/server.h"
@@ -345,40 +346,71 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   }
 
   // Sends a worker's response: written right here when the socket is idle and the response small
-  // (see the file comment), else queued on the strand. `bytes`: the request's in-flight bytes.
+  // or its bulk staged in a pipe (see the file comment), else queued on the strand; what the
+  // socket does not take at once is finished by the strand. `bytes`: the request's in-flight bytes.
   void respond_from_worker(Response resp, uint64_t bytes) {
-    if (resp.pipe || resp.close_after || frame_bytes(resp) > kInlineSendMax) {
+    auto queue_on_strand = [&] {
       asio::post(strand_, [self = shared_from_this(), resp = std::move(resp), bytes]() mutable {
         self->enqueue(std::move(resp), bytes);
       });
+    };
+    if (resp.close_after || (!resp.pipe && frame_bytes(resp) > kInlineSendMax)) {
+      queue_on_strand();
       return;
     }
     std::unique_lock<std::mutex> lock(wire_mu_);
     if (wire_closed_) return;  // the connection is gone; its counts no longer matter
     if (wire_busy_) {
       lock.unlock();
-      asio::post(strand_, [self = shared_from_this(), resp = std::move(resp), bytes]() mutable {
-        self->enqueue(std::move(resp), bytes);
-      });
+      queue_on_strand();
       return;
     }
     const net::SendNow r = net::send_now(socket_.native_handle(), frame_parts(resp));
-    if (r.error != 0) {
+    int err = r.error;
+    uint32_t pipe_left = resp.pipe ? resp.h.bulk_len : 0;
+    if (err == 0 && r.sent == frame_bytes(resp)) err = splice_now(resp, &pipe_left);
+    if (err != 0) {
       lock.unlock();
-      asio::post(strand_, [self = shared_from_this(), err = r.error] {
+      asio::post(strand_, [self = shared_from_this(), err] {
         PENSTOCK_LOG(Debug) << "writing to " << self->peer_ << " failed: " << std::strerror(err);
         self->close();
       });
       return;
     }
-    if (r.sent < frame_bytes(resp)) {
+    if (r.sent < frame_bytes(resp) || pipe_left > 0) {
       wire_busy_ = true;  // kept until the strand wrote the rest
       lock.unlock();
-      asio::post(strand_, [self = shared_from_this(), resp = std::move(resp), bytes, sent = r.sent]() mutable {
-        self->finish_inline(std::move(resp), bytes, sent);
+      asio::post(strand_, [self = shared_from_this(), resp = std::move(resp), bytes, sent = r.sent, pipe_left]() mutable {
+        self->finish_inline(std::move(resp), bytes, sent, pipe_left);
       });
       return;
     }
+    if (resp.pipe) server_->pipes.give_back(std::move(resp.pipe));  // drained: reusable
+    written_by_worker(lock, bytes);
+  }
+
+  // Splices what is left of `resp`'s pipe (*left bytes) into the socket without waiting; *left is
+  // what the socket did not take. Returns an errno when the socket failed, else 0.
+  // REQUIRES: the wire is held (wire_mu_ or wire_busy_), the header and message are written.
+  int splice_now(Response& resp, uint32_t* left) {
+    while (*left > 0) {
+      const ssize_t n = ::splice(resp.pipe->read_fd(), nullptr, socket_.native_handle(), nullptr, *left,
+                                 SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+      if (n > 0) {
+        *left -= static_cast<uint32_t>(n);
+      } else if (n < 0 && errno == EAGAIN) {
+        return 0;  // the socket is full
+      } else if (n == 0 || errno != EINTR) {
+        return n == 0 ? EPIPE : errno;  // the pipe holds every byte announced: the socket failed
+      }
+    }
+    return 0;
+  }
+
+  // A worker wrote a whole response: the request leaves the in-flight counts, and the strand is
+  // woken if it has responses waiting for the wire or its reader waits for room.
+  // REQUIRES: `lock` holds wire_mu_; released here.
+  void written_by_worker(std::unique_lock<std::mutex>& lock, uint64_t bytes) {
     const bool strand_waits = strand_waits_;
     strand_waits_ = false;
     lock.unlock();
@@ -404,16 +436,23 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
     do_write();
   }
 
-  // The rest of a worker's partial write: `done` bytes of `resp` are in the socket and the wire is
-  // still held for it.
-  void finish_inline(Response resp, uint64_t bytes, size_t done) {
+  // The rest of a worker's partial write: `done` bytes of `resp`'s header, message and in-memory
+  // bulk are in the socket, and `pipe_left` bytes of a piped bulk are still in its pipe; the wire
+  // is still held for it.
+  void finish_inline(Response resp, uint64_t bytes, size_t done, uint32_t pipe_left = 0) {
     if (closed_) return;
     resp.inflight_bytes = bytes + resp.h.message_len + resp.h.bulk_len;
     inflight_bytes_ += resp.h.message_len + resp.h.bulk_len;
     batch_.clear();
     buffers_.clear();
     batch_.push_back(std::move(resp));
-    for (const iovec& part : net::unsent_rest(frame_parts(batch_.front()), done)) {
+    const std::vector<iovec> parts = frame_parts(batch_.front());
+    if (done == parts[0].iov_len + parts[1].iov_len + parts[2].iov_len && batch_.front().pipe) {
+      pipe_left_ = pipe_left;  // only the pipe is left
+      splice_out();
+      return;
+    }
+    for (const iovec& part : net::unsent_rest(parts, done)) {
       buffers_.emplace_back(part.iov_base, part.iov_len);
     }
     write_buffers();
@@ -495,28 +534,19 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   // for room in the socket when it is full; then carries on like any finished write.
   void splice_out() {
     Response& r = batch_.back();
-    while (pipe_left_ > 0) {
-      const ssize_t n = ::splice(r.pipe->read_fd(), nullptr, socket_.native_handle(), nullptr, pipe_left_,
-                                 SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-      if (n > 0) {
-        pipe_left_ -= static_cast<uint32_t>(n);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && errno == EAGAIN) {
-        socket_.async_wait(tcp::socket::wait_write,
-                           asio::bind_executor(strand_, [self = shared_from_this()](error_code ec) {
-                             if (self->closed_) return;
-                             if (ec) {
-                               self->on_written(ec);
-                               return;
-                             }
-                             self->splice_out();
-                           }));
-        return;
-      }
-      // The pipe holds every byte announced, so only the socket can fail here.
-      on_written(n < 0 ? error_code(errno, boost::system::system_category()) : asio::error::eof);
+    if (int err = splice_now(r, &pipe_left_); err != 0) {
+      on_written(error_code(err, boost::system::system_category()));
+      return;
+    }
+    if (pipe_left_ > 0) {
+      socket_.async_wait(tcp::socket::wait_write, asio::bind_executor(strand_, [self = shared_from_this()](error_code ec) {
+                           if (self->closed_) return;
+                           if (ec) {
+                             self->on_written(ec);
+                             return;
+                           }
+                           self->splice_out();
+                         }));
       return;
     }
     server_->pipes.give_back(std::move(r.pipe));  // drained: reusable
