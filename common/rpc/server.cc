@@ -78,6 +78,12 @@ constexpr size_t kReserveBytes = 8 << 20;            // ...but this much is rese
 // The largest response a worker writes itself (header + message + bulk); larger ones are queued
 // for the strand, whose writer overlaps them with the next.
 constexpr size_t kInlineSendMax = 64 << 10;
+// The same for a bulk staged in a pipe (splicing moves page references, no copy): a small file's
+// read goes out from its worker, where the saved wake-up is a large share of the request's cost;
+// the 1 MiB blocks of a sequential stream stay with the strand, which overlaps them with the
+// stream's next disk reads on the workers (one wake-up per MiB is little, and over loopback the
+// sender also runs the receiver's TCP processing).
+constexpr size_t kInlineSpliceMax = 256 << 10;
 
 uint32_t handler_key(proto::ServiceId service, uint16_t method) {
   return (static_cast<uint32_t>(service) << 16) | method;
@@ -354,7 +360,8 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
         self->enqueue(std::move(resp), bytes);
       });
     };
-    if (resp.close_after || (!resp.pipe && frame_bytes(resp) > kInlineSendMax)) {
+    if (resp.close_after || (!resp.pipe && frame_bytes(resp) > kInlineSendMax) ||
+        (resp.pipe && resp.h.bulk_len > kInlineSpliceMax)) {
       queue_on_strand();
       return;
     }
