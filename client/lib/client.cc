@@ -297,8 +297,13 @@ Result<proto::InodeAttr> Client::create(InodeId parent, const std::string& name,
                                         const proto::Caller& caller) {
   auto r = attr_call<meta::Create>(meta::CreateReq{parent, name, mode, caller, session()});
   if (r.has_value()) {
-    std::lock_guard<std::mutex> lock(opened_mu_);
-    opened_[r->ino] = OpenedVersion{r->generation, r->mtime_ns};
+    {
+      std::lock_guard<std::mutex> lock(opened_mu_);
+      opened_[r->ino] = OpenedVersion{r->generation, r->mtime_ns};
+    }
+    // A file just made has no xattrs: the kernel's question before its first write() ("is there a
+    // security.capability to drop?") needs no meta call.
+    note_no_caps(r->ino);
   }
   return r;
 }
@@ -372,13 +377,16 @@ Result<std::string> Client::getxattr(InodeId ino, const std::string& name) {
     }
   }
   auto r = meta_call<meta::GetXattr>(meta::GetXattrReq{ino, name});
-  if (caps && !r.has_value() && r.error().code() == Code::kNoData) {
-    std::lock_guard<std::mutex> lock(caps_mu_);
-    if (no_caps_.size() >= kMaxNoCaps) no_caps_.clear();
-    no_caps_[ino] = std::chrono::steady_clock::now() + options_.absent_xattr_ttl;
-  }
+  if (caps && !r.has_value() && r.error().code() == Code::kNoData) note_no_caps(ino);
   PENSTOCK_ASSIGN_OR_RETURN(auto resp, std::move(r));
   return std::move(resp.value);
+}
+
+void Client::note_no_caps(InodeId ino) {
+  if (options_.absent_xattr_ttl.count() <= 0) return;
+  std::lock_guard<std::mutex> lock(caps_mu_);
+  if (no_caps_.size() >= kMaxNoCaps) no_caps_.clear();
+  no_caps_[ino] = std::chrono::steady_clock::now() + options_.absent_xattr_ttl;
 }
 
 void Client::forget_caps(InodeId ino, const std::string& name) {
@@ -594,10 +602,13 @@ Status Client::fan_out(const std::vector<DataTask>& tasks, const IssueFn& issue)
       resolved[k] = std::move(r).value();
       PENSTOCK_ASSIGN_OR_RETURN(clients[k], data_client(resolved[k].address));
     }
-    // Issue all at once, then wait for every completion (the buffers stay alive until then).
+    // Issue all at once, then wait for every completion (the buffers stay alive until then). One
+    // call alone is made on this thread: no I/O thread has to receive it and wake us.
+    const bool blocking = pending.size() == 1;
     auto completion = std::make_shared<Completion>(pending.size());
     for (size_t k = 0; k < pending.size(); ++k) {
-      issue(pending[k], resolved[k], *clients[k], [completion, k](Status st) { completion->set(k, std::move(st)); });
+      issue(pending[k], resolved[k], *clients[k], blocking,
+            [completion, k](Status st) { completion->set(k, std::move(st)); });
     }
     std::vector<Status> results = completion->wait();
     std::vector<size_t> retry;
@@ -673,7 +684,8 @@ Status Client::read_ranges(InodeId ino, const proto::Layout& layout,
   for (int attempt = 1;; ++attempt) {
     std::vector<DataTask> batch(which.size());
     for (size_t k = 0; k < which.size(); ++k) batch[k] = tasks[which[k]];
-    Status st = fan_out(batch, [&](size_t k, const Route& route, rpc::RpcClient& rpc, std::function<void(Status)> done) {
+    Status st = fan_out(batch, [&](size_t k, const Route& route, rpc::RpcClient& rpc, bool blocking,
+                                   std::function<void(Status)> done) {
       const size_t i = which[k];
       data::ReadReq req;
       req.key = data::ChunkKey{route.chain, route.target, ino, pieces[i].io.chunk_index, layout.chunk_size};
@@ -685,7 +697,7 @@ Status Client::read_ranges(InodeId ino, const proto::Layout& layout,
       rpc::CallOptions opts;
       opts.bulk_in = pieces[i].dst;
       opts.bulk_received = &received[i];
-      rpc.call_async<data::Read>(req, opts, [done = std::move(done), out = &sums[i]](Result<data::ReadResp> r) {
+      rpc.call_either<data::Read>(req, opts, blocking, [done = std::move(done), out = &sums[i]](Result<data::ReadResp> r) {
         if (r.has_value()) *out = std::move(r->block_sums);
         done(r.status());
       });
@@ -989,13 +1001,15 @@ Status Client::write_now(InodeId ino, const proto::Layout& layout, uint64_t offs
     tasks[i].chain = plan[i].chain;
     tasks[i].what = "write chunk " + std::to_string(plan[i].chunk_index) + " of inode " + ino.to_string();
   }
-  return fan_out(tasks, [&](size_t i, const Route& route, rpc::RpcClient& rpc, std::function<void(Status)> done) {
+  return fan_out(tasks, [&](size_t i, const Route& route, rpc::RpcClient& rpc, bool blocking,
+                            std::function<void(Status)> done) {
     data::WriteReq req;
     req.key = data::ChunkKey{route.chain, route.target, ino, plan[i].chunk_index, layout.chunk_size};
     req.offset = plan[i].offset_in_chunk;
     rpc::CallOptions opts;
     opts.bulk_out = bytes.subspan(plan[i].buf_offset, plan[i].length);
-    rpc.call_async<data::Write>(req, opts, [done = std::move(done)](Result<data::WriteResp> r) { done(r.status()); });
+    rpc.call_either<data::Write>(req, opts, blocking,
+                                 [done = std::move(done)](Result<data::WriteResp> r) { done(r.status()); });
   });
 }
 
@@ -1005,42 +1019,52 @@ std::shared_ptr<Client::WbFile> Client::wb_find(InodeId ino) {
   return it == wb_files_.end() ? nullptr : it->second;
 }
 
-void Client::wb_send_locked(InodeId ino, const std::shared_ptr<WbFile>& wf, std::unique_lock<std::mutex>& lock) {
-  (void)lock;
+void Client::wb_send_locked(InodeId ino, const std::shared_ptr<WbFile>& wf, std::unique_lock<std::mutex>& lock,
+                            bool here) {
   if (wf->buf.empty()) return;
   auto data = std::make_shared<std::vector<uint8_t>>(std::move(wf->buf));
   wf->buf = {};
   const uint64_t off = wf->buf_offset;
   const uint64_t len = data->size();
   budget_->start_flight(len);
-  auto note_error = [ino, off, len, wf](const Status& st) {
-    if (st.is_ok()) return;
-    PENSTOCK_LOG(Warn) << "write-behind of inode " << ino.to_string() << " at " << off << " (" << len
-                       << " bytes) failed: " << st.to_string() << "; reported at the next write, close or fsync";
-    wf->error->record(st);
-  };
   wf->inflight.emplace_back(off, off + len);
   PENSTOCK_LOG(Debug) << "write-behind send inode " << ino.to_string() << " [" << off << ", " << off + len << ")";
-  const bool queued = pool_->try_submit([this, ino, wf, data, off, len, note_error, layout = wf->layout] {
+  // After the send: the range leaves `inflight`, a failure is recorded for the file's handles.
+  // REQUIRES: wf->mu held.
+  auto settle = [this, ino, wf, off, len](const Status& st) {
+    auto it = std::find(wf->inflight.begin(), wf->inflight.end(), std::make_pair(off, off + len));
+    if (it != wf->inflight.end()) wf->inflight.erase(it);
+    if (!st.is_ok()) {
+      PENSTOCK_LOG(Warn) << "write-behind of inode " << ino.to_string() << " at " << off << " (" << len
+                         << " bytes) failed: " << st.to_string() << "; reported at the next write, close or fsync";
+      wf->error->record(st);
+    }
+  };
+  // Sends, then settles; `held`: the caller's lock on wf->mu, released during the send (null: not held).
+  auto send = [this, ino, wf, data, off, len, settle, layout = wf->layout](std::unique_lock<std::mutex>* held) {
+    if (held != nullptr) held->unlock();
     Status st = write_now(ino, layout, off, *data);
     PENSTOCK_LOG(Debug) << "write-behind done inode " << ino.to_string() << " [" << off << ", " << off + len << "): " << st.to_string();
     // Blocks fetched while these bytes were on their way may hold the old ones.
     cache_->invalidate_range(ino, off, len);
-    {
+    if (held != nullptr) {
+      held->lock();
+      settle(st);
+    } else {
       std::lock_guard<std::mutex> g(wf->mu);
-      auto it = std::find(wf->inflight.begin(), wf->inflight.end(), std::make_pair(off, off + len));
-      if (it != wf->inflight.end()) wf->inflight.erase(it);
-      note_error(st);
+      settle(st);
     }
     wf->cv.notify_all();
     budget_->finish_flight(len);
-  });
-  if (!queued) {
+  };
+  // A drain sends the last buffer itself: it waits for it anyway, and a pool thread would only add
+  // two thread wake-ups (close() of a small file is one write).
+  if (here) return send(&lock);
+  if (!pool_->try_submit([send] { send(nullptr); })) {
     // The pool stopped (shutdown raced with this write): send here, under the file's lock.
     Status st = write_now(ino, wf->layout, off, *data);
     cache_->invalidate_range(ino, off, len);
-    wf->inflight.pop_back();
-    note_error(st);
+    settle(st);
     wf->cv.notify_all();
     budget_->finish_flight(len);
   }
@@ -1050,7 +1074,7 @@ Status Client::wb_drain(InodeId ino) {
   auto wf = wb_find(ino);
   if (wf == nullptr) return Status::ok();
   std::unique_lock<std::mutex> lock(wf->mu);
-  wb_send_locked(ino, wf, lock);
+  wb_send_locked(ino, wf, lock, /*here=*/true);
   wf->cv.wait(lock, [&] { return wf->inflight.empty(); });
   return wf->error->check(nullptr, /*advance=*/false);
 }
@@ -1195,27 +1219,37 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
   return Status::ok();
 }
 
-Status Client::flush(InodeId ino, WriteCursor* cursor) {
+Status Client::flush(InodeId ino, WriteCursor* cursor) { return flush_and_report(ino, cursor, /*durable=*/false); }
+
+Status Client::flush_and_report(InodeId ino, WriteCursor* cursor, bool durable) {
   (void)wb_drain(ino);  // its error is the record's, reported next
   Status err = take_write_error(ino, cursor);
   wb_retire_if_idle(ino);  // also after reporting an error: the handles keep the record itself
   if (!err.is_ok()) return err;
+  // With nothing (new) to report, fsync still needs a size an earlier close reported on disk.
+  auto sync_log = [&] {
+    return durable ? meta_call<meta::SyncLog>(proto::Empty{}).status().with_context("sync size of inode " + ino.to_string())
+                   : Status::ok();
+  };
   uint64_t written_end = 0;
   int64_t mtime = 0;
   uint64_t seq = 0;
   {
     std::lock_guard<std::mutex> lock(files_mu_);
     auto it = files_.find(ino);
-    if (it == files_.end()) return Status::ok();
+    if (it == files_.end()) return sync_log();
     written_end = it->second.written_end;
     mtime = it->second.mtime_ns;
     seq = it->second.seq;
   }
   // Writes are on the data servers now (visible to every reader); what close-to-open still needs
-  // is the size at the meta server.
+  // is the size at the meta server: visible at once, and durable when fsync asks for it.
   if (mtime != 0) {
-    auto r = meta_call<meta::ReportSize>(meta::ReportSizeReq{ino, written_end, mtime});
+    const meta::ReportSizeReq req{ino, written_end, mtime};
+    auto r = durable ? meta_call<meta::ReportSize>(req) : meta_call<meta::ReportSizeAtClose>(req);
     if (!r.has_value()) return r.error().with_context("report size of inode " + ino.to_string());
+  } else {
+    PENSTOCK_RETURN_IF_ERROR(sync_log());
   }
   std::lock_guard<std::mutex> lock(files_mu_);
   auto it = files_.find(ino);
@@ -1249,12 +1283,12 @@ Status Client::fsync(InodeId ino, const proto::Layout& layout, WriteCursor* curs
       tasks.push_back(std::move(t));
     }
   }
-  PENSTOCK_RETURN_IF_ERROR(fan_out(tasks, [&](size_t, const Route& route, rpc::RpcClient& rpc,
+  PENSTOCK_RETURN_IF_ERROR(fan_out(tasks, [&](size_t, const Route& route, rpc::RpcClient& rpc, bool blocking,
                                                std::function<void(Status)> done) {
-    rpc.call_async<data::Sync>(data::SyncReq{route.target, ino}, {},
-                               [done = std::move(done)](Result<proto::Empty> r) { done(r.status()); });
+    rpc.call_either<data::Sync>(data::SyncReq{route.target, ino}, {}, blocking,
+                                [done = std::move(done)](Result<proto::Empty> r) { done(r.status()); });
   }));
-  return flush(ino, cursor);
+  return flush_and_report(ino, cursor, /*durable=*/true);
 }
 
 Status Client::release(InodeId ino, bool flush_writes, WriteCursor* cursor) {
@@ -1341,10 +1375,10 @@ Result<proto::InodeAttr> Client::truncate(InodeId ino, uint64_t size, const prot
     }
   }
   const uint32_t chunk_size = attr.layout.chunk_size;
-  PENSTOCK_RETURN_IF_ERROR(fan_out(tasks, [&](size_t, const Route& route, rpc::RpcClient& rpc,
+  PENSTOCK_RETURN_IF_ERROR(fan_out(tasks, [&](size_t, const Route& route, rpc::RpcClient& rpc, bool blocking,
                                                std::function<void(Status)> done) {
-    rpc.call_async<data::Truncate>(data::TruncateReq{route.target, ino, size, chunk_size}, {},
-                                   [done = std::move(done)](Result<proto::Empty> r) { done(r.status()); });
+    rpc.call_either<data::Truncate>(data::TruncateReq{route.target, ino, size, chunk_size}, {}, blocking,
+                                    [done = std::move(done)](Result<proto::Empty> r) { done(r.status()); });
   }));
   cache_->invalidate(ino);
   meta::SetAttrReq req;

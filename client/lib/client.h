@@ -216,11 +216,14 @@ class Client {
   WriteCursor write_cursor(InodeId ino);
   // Sends this file's buffered writes, waits for every send, then reports the highest offset this
   // client wrote to `ino`, and the mtime, to the meta server (close-to-open: another host's open()
-  // then sees data and size). Returns an asynchronous write error `cursor` has not reported yet
-  // (marking it reported) instead of reporting the size. Ok at once when nothing was written.
+  // then sees data and size; durable soon after, as the data is: ReportSizeAtClose). Returns an
+  // asynchronous write error `cursor` has not reported yet (marking it reported) instead of
+  // reporting the size. Ok at once when nothing was written.
   Status flush(InodeId ino, WriteCursor* cursor = nullptr);
   // Sends and waits for buffered writes, makes the file's data durable on every target of every
-  // chain of `layout` (Sync), then flush(). A write error is reported as flush() reports it.
+  // chain of `layout` (Sync), then flush() with a report that returns once durable (a SyncLog when
+  // there is nothing new to report: an earlier close's report is durable then too). A write error
+  // is reported as flush() reports it.
   Status fsync(InodeId ino, const proto::Layout& layout, WriteCursor* cursor = nullptr);
   // Cache and write-behind counters (for logs and tests).
   CacheStats cache_stats() const { return cache_->stats(); }
@@ -257,8 +260,10 @@ class Client {
     bool to_tail = false; // otherwise: the chain's tail (reads) or head (writes)
     std::string what;     // "read chunk 3 of inode 17": error context
   };
-  // Issues the RPC for task `index` to `route` on `rpc`; must call `done` exactly once.
-  using IssueFn = std::function<void(size_t index, const Route& route, rpc::RpcClient& rpc,
+  // Issues the RPC for task `index` to `route` on `rpc`; must call `done` exactly once. `blocking`:
+  // the caller waits for this one call alone, so it may be made on the calling thread
+  // (RpcClient::call_either).
+  using IssueFn = std::function<void(size_t index, const Route& route, rpc::RpcClient& rpc, bool blocking,
                                      std::function<void(Status)> done)>;
 
   Client(ClientOptions options, net::Endpoint meta_endpoint);
@@ -274,11 +279,15 @@ class Client {
   std::shared_ptr<const ClusterRoutes> routes() const;
   Result<std::shared_ptr<rpc::RpcClient>> data_client(const std::string& address);
   Result<Route> resolve(const ClusterRoutes& routes, const DataTask& task) const;
-  // Runs every task in parallel and waits for all. A task whose route is unknown, or whose call
-  // fails with kUnavailable or kNotFound, makes the client refresh the cluster map once and retry
-  // those tasks; any other error (or a second failure) fails the whole operation with context.
+  // Runs every task in parallel and waits for all (one task alone: a blocking call on this thread).
+  // A task whose route is unknown, or whose call fails with kUnavailable or kNotFound, makes the
+  // client refresh the cluster map once and retry those tasks; any other error (or a second
+  // failure) fails the whole operation with context.
   Status fan_out(const std::vector<DataTask>& tasks, const IssueFn& issue);
   void merge_local_size(proto::InodeAttr* attr);
+  // flush(); with `durable` the size report (or, with nothing to report, a SyncLog) returns once
+  // it is on the meta server's disk (fsync).
+  Status flush_and_report(InodeId ino, WriteCursor* cursor, bool durable);
 
   // ---- data path internals ----
   // One file's write-behind: the buffer being filled and the ranges being sent.
@@ -303,8 +312,11 @@ class Client {
   // fetch_block() without a thread: sent now, completed by the reply (one try; else fetch_block).
   void fetch_block_async(InodeId ino, const proto::Layout& layout, std::shared_ptr<CachedBlock> block);
   std::shared_ptr<WbFile> wb_find(InodeId ino);
-  // REQUIRES wf->mu held via `lock`. Starts sending the buffer (a pool task).
-  void wb_send_locked(InodeId ino, const std::shared_ptr<WbFile>& wf, std::unique_lock<std::mutex>& lock);
+  // REQUIRES wf->mu held via `lock`. Starts sending the buffer (a pool task), or with `here` sends
+  // it on this thread and returns once it is on the data servers (`lock` released meanwhile and
+  // held again on return).
+  void wb_send_locked(InodeId ino, const std::shared_ptr<WbFile>& wf, std::unique_lock<std::mutex>& lock,
+                      bool here = false);
   // Sends the buffer and waits until nothing of the file is in flight. Returns the remembered error.
   Status wb_drain(InodeId ino);
   // wb_drain() when buffered or in-flight bytes overlap [offset, offset + length).
@@ -352,6 +364,8 @@ class Client {
   std::mutex caps_mu_;  // leaf lock
   std::unordered_map<InodeId, std::chrono::steady_clock::time_point> no_caps_;  // guarded by caps_mu_
   void forget_caps(InodeId ino, const std::string& name);
+  // Remembers for ClientOptions::absent_xattr_ttl that `ino` has no "security.capability".
+  void note_no_caps(InodeId ino);
 
   std::mutex rel_mu_;  // guards rel_queue_, rel_running_ and rel_stop_ (leaf lock)
   std::condition_variable rel_cv_;

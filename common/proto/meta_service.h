@@ -101,6 +101,10 @@ struct ReleaseReq { InodeId ino; SessionId session; PENSTOCK_FIELDS(ino, session
 inline constexpr size_t kMaxReleaseBatch = 1024;
 struct ReleaseManyReq { SessionId session; std::vector<InodeId> inos; PENSTOCK_FIELDS(session, inos); };
 // A client reports the end of what it wrote: size becomes max(size, `size`), mtime is set.
+// ReportSize replies once the change is durable (fsync); ReportSizeAtClose once it is applied and
+// visible to every client (close-to-open), durable within the server's --close-sync-ms like the
+// data it describes, which close() does not sync either. SyncLog replies once every change the
+// server applied before it is durable (fsync() after a close reported the size).
 struct ReportSizeReq { InodeId ino; uint64_t size = 0; int64_t mtime_ns = 0; PENSTOCK_FIELDS(ino, size, mtime_ns); };
 
 // ---- layouts ----
@@ -143,6 +147,8 @@ PENSTOCK_METHOD(Open, ServiceId::kMeta, 40, OpenReq, AttrResp);
 PENSTOCK_METHOD(Release, ServiceId::kMeta, 41, ReleaseReq, Empty);
 PENSTOCK_METHOD(ReleaseMany, ServiceId::kMeta, 43, ReleaseManyReq, Empty);
 PENSTOCK_METHOD(ReportSize, ServiceId::kMeta, 42, ReportSizeReq, AttrResp);
+PENSTOCK_METHOD(ReportSizeAtClose, ServiceId::kMeta, 44, ReportSizeReq, AttrResp);
+PENSTOCK_METHOD(SyncLog, ServiceId::kMeta, 45, Empty, Empty);
 PENSTOCK_METHOD(GetLayout, ServiceId::kMeta, 50, InodeReq, LayoutResp);
 PENSTOCK_METHOD(SetLayout, ServiceId::kMeta, 51, SetLayoutReq, Empty);
 PENSTOCK_METHOD(GetClusterMap, ServiceId::kMeta, 60, Empty, ClusterMapResp);

@@ -43,6 +43,19 @@ class RpcClient {
     return decode_reply<M>(channel_->call_sync(make_call<M>(req, opts)), opts.bulk_received);
   }
 
+  // call() or call_async(): `done` runs with the result on the calling thread before this returns
+  // when `blocking` (for a caller that waits for this one call alone: on TCP no I/O thread then
+  // touches it), else on an I/O thread.
+  template <proto::RpcMethod M>
+  void call_either(const typename M::Request& req, const CallOptions& opts, bool blocking,
+                   std::function<void(Result<typename M::Response>)> done) {
+    if (blocking) {
+      done(call<M>(req, opts));
+    } else {
+      call_async<M>(req, opts, std::move(done));
+    }
+  }
+
   const std::shared_ptr<net::Channel>& channel() const { return channel_; }
 
  private:

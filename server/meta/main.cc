@@ -34,6 +34,7 @@ struct Flags {
   double entry_lease_s = meta::kDefaultEntryLeaseNs / 1e9;
   int workers = 8;
   int io_threads = 2;
+  int close_sync_ms = 50;
 };
 
 int run(const Flags& flags) {
@@ -54,6 +55,10 @@ int run(const Flags& flags) {
     std::cerr << "penstock-meta: --session-lease-s and --node-timeout-s must be > 0, --workers and --io-threads >= 1\n";
     return 2;
   }
+  if (flags.close_sync_ms < 0 || flags.close_sync_ms > 60'000) {
+    std::cerr << "penstock-meta: --close-sync-ms must be between 0 and 60000 milliseconds\n";
+    return 2;
+  }
   // A contended rmdir/rename waits up to the term on a worker thread: it must stay well inside a
   // client's 10 s call deadline.
   if (!(flags.entry_lease_s >= 0 && flags.entry_lease_s <= meta::kMaxEntryLeaseNs / 1e9)) {
@@ -68,7 +73,9 @@ int run(const Flags& flags) {
     PENSTOCK_LOG(Error) << "--db: " << st.to_string();
     return 1;
   }
-  auto store = meta::RocksDbStore::open(flags.db);
+  meta::RocksDbOptions store_options;
+  store_options.sync_soon_delay = std::chrono::milliseconds(flags.close_sync_ms);
+  auto store = meta::RocksDbStore::open(flags.db, store_options);
   if (!store.has_value()) {
     PENSTOCK_LOG(Error) << store.error().to_string();
     return 1;
@@ -157,6 +164,10 @@ int main(int argc, char** argv) {
                  "Seconds a mount may reuse a directory's name without asking again; rmdir and rename of a directory "
                  "another mount looked up wait up to this long (default 1; 0 turns entry leases off). For that long after a "
                  "start, every rmdir and rename waits, for the longest term this database was ever served with")
+      ->capture_default_str();
+  app.add_option("--close-sync-ms", flags.close_sync_ms,
+                 "Milliseconds within which a file size reported by close() is synced to disk; close() waits only until "
+                 "every client sees it (fsync() waits for the sync). Default 50")
       ->capture_default_str();
   app.add_option("--workers", flags.workers, "RPC worker threads that run metadata requests (default 8)")->capture_default_str();
   app.add_option("--io-threads", flags.io_threads,

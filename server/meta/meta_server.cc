@@ -21,8 +21,8 @@ rpc::ServerOptions with_waiting_pool(rpc::ServerOptions options) {
 
 void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
   using rpc::RequestContext;
-  // Reads, opens and releases answer from memory or the memtable without waiting for a WAL sync:
-  // they run on the connection's I/O thread (two thread hops fewer each). Everything that waits for
+  // Reads, opens, releases and a close's size report answer from memory or the memtable without
+  // waiting for a WAL sync: they run on the connection's I/O thread (two thread hops fewer each). Everything that waits for
   // a group commit runs on the worker pool. (An open of an already unlinked file syncs inline; it is
   // rare.)
   constexpr rpc::Dispatch kInline = rpc::Dispatch::kInline;
@@ -70,6 +70,9 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
   server.handle<pm::ReleaseMany>(
       [&svc](const pm::ReleaseManyReq& r, RequestContext&) { return empty_or(svc.release_many(r)); }, kInline);
   server.handle<pm::ReportSize>([&svc](const pm::ReportSizeReq& r, RequestContext&) { return svc.report_size(r); });
+  server.handle<pm::ReportSizeAtClose>(
+      [&svc](const pm::ReportSizeReq& r, RequestContext&) { return svc.report_size_at_close(r); }, kInline);
+  server.handle<pm::SyncLog>([&svc](const proto::Empty&, RequestContext&) { return empty_or(svc.sync_log()); });
   server.handle<pm::GetLayout>([&svc](const pm::InodeReq& r, RequestContext&) { return svc.get_layout(r); },
                  kInline);
   server.handle<pm::SetLayout>(

@@ -141,6 +141,12 @@ class MetaService {
   Status release_many(const pm::ReleaseManyReq& req);
   // size = max(size, req.size), mtime = req.mtime_ns (now when 0), generation bumped. kIsDir.
   Result<pm::AttrResp> report_size(const pm::ReportSizeReq& req);
+  // report_size() that replies once the change is applied (visible to every client) and asks the
+  // store to make it durable soon (Store::sync_soon), without waiting for a WAL sync: close()'s
+  // report, which needs visibility at once and durability only as its unsynced data has.
+  Result<pm::AttrResp> report_size_at_close(const pm::ReportSizeReq& req);
+  // Returns once every change applied before the call is durable (fsync after a close reported).
+  Status sync_log();
 
   // ---- layouts ----
   Result<pm::LayoutResp> get_layout(const pm::InodeReq& req);

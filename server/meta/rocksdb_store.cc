@@ -7,6 +7,8 @@
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
 
+#include "common/base/log.h"
+
 namespace penstock::meta {
 
 namespace {
@@ -41,9 +43,16 @@ RocksDbStore::RocksDbStore(std::string dir, std::unique_ptr<rocksdb::DB> db, Roc
     : dir_(std::move(dir)),
       db_(std::move(db)),
       options_(options),
-      committer_([this] { return from_rocks(db_->FlushWAL(/*sync=*/true), "sync the write-ahead log in " + dir_); }) {}
+      committer_([this] { return from_rocks(db_->FlushWAL(/*sync=*/true), "sync the write-ahead log in " + dir_); }),
+      soon_([this] { sync_soon_loop(); }) {}
 
 RocksDbStore::~RocksDbStore() {
+  {
+    std::lock_guard<std::mutex> lock(soon_mu_);
+    soon_stop_ = true;
+  }
+  soon_cv_.notify_all();
+  soon_.join();
   if (db_) {
     // Batches applied but not yet synced (their callers were not answered) are kept too.
     if (!committer_.failed()) (void)db_->FlushWAL(/*sync=*/options_.sync);
@@ -127,6 +136,31 @@ Status RocksDbStore::sync() {
     return from_rocks(db_->FlushWAL(/*sync=*/false), "write the write-ahead log in " + dir_);
   }
   return committer_.sync_all();
+}
+
+void RocksDbStore::sync_soon() {
+  std::lock_guard<std::mutex> lock(soon_mu_);
+  if (soon_asked_) return;  // the syncer's next run covers this caller's batch too
+  soon_asked_ = true;
+  soon_cv_.notify_all();
+}
+
+void RocksDbStore::sync_soon_loop() {
+  std::unique_lock<std::mutex> lock(soon_mu_);
+  for (;;) {
+    soon_cv_.wait(lock, [this] { return soon_asked_ || soon_stop_; });
+    if (!soon_asked_) return;  // stopping, nothing asked (the destructor flushes the WAL anyway)
+    // Wait out the delay (cut short by a close), so that the batches of this interval share one
+    // sync; then sync everything applied so far.
+    soon_cv_.wait_for(lock, options_.sync_soon_delay, [this] { return soon_stop_; });
+    soon_asked_ = false;
+    lock.unlock();
+    Status st = sync();
+    if (!st.is_ok()) {
+      PENSTOCK_LOG(Error) << "delayed sync of " << dir_ << " failed: " << st.to_string();
+    }
+    lock.lock();
+  }
 }
 
 Status RocksDbStore::scan(std::string_view prefix, std::string_view seek, const ScanFn& fn) {

@@ -10,8 +10,12 @@
 // Thread-safety: all methods are thread-safe (RocksDB's own guarantees).
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "server/meta/group_commit.h"
 #include "server/meta/store.h"
@@ -29,6 +33,9 @@ struct RocksDbOptions {
   bool sync = true;
   // RocksDB block cache (data, index and bloom filter blocks), bytes.
   size_t block_cache_bytes = size_t{128} << 20;
+  // sync_soon(): how long a batch may stay unsynced after it was asked for (penstock-meta
+  // --close-sync-ms). Fixed at open.
+  std::chrono::milliseconds sync_soon_delay{50};
 };
 
 class RocksDbStore final : public Store {
@@ -41,6 +48,9 @@ class RocksDbStore final : public Store {
   Result<std::optional<std::string>> get(std::string_view key) override;
   Status apply(const WriteBatch& batch) override;
   Status sync() override;
+  // One thread of the store runs sync() options.sync_soon_delay after the first request since its
+  // last run (a sync covers every batch applied before it starts, so requests meanwhile share it).
+  void sync_soon() override;
   Status scan(std::string_view prefix, std::string_view seek, const ScanFn& fn) override;
   std::string describe() const override { return "rocksdb " + dir_; }
 
@@ -50,10 +60,18 @@ class RocksDbStore final : public Store {
  private:
   RocksDbStore(std::string dir, std::unique_ptr<rocksdb::DB> db, RocksDbOptions options);
 
+  void sync_soon_loop();
+
   std::string dir_;
   std::unique_ptr<rocksdb::DB> db_;
   RocksDbOptions options_;
   GroupCommitter committer_;
+
+  std::mutex soon_mu_;  // leaf lock; guards the two flags below
+  std::condition_variable soon_cv_;
+  bool soon_asked_ = false;  // a sync_soon() since the last run of the syncer
+  bool soon_stop_ = false;   // the store is closing: the syncer runs what was asked, then ends
+  std::thread soon_;         // started with the store, joined before the database closes
 };
 
 }  // namespace penstock::meta

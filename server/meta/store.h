@@ -73,6 +73,12 @@ class Store {
   // sticky: kIo now and from every later sync()/apply(); restart the daemon.
   virtual Status sync() = 0;
 
+  // Makes every batch applied before this call durable within the store's delay (a second or
+  // less), without waiting for it: for changes whose callers need them visible at once but durable
+  // only eventually (a close's size report; fsync() asks sync() for it). A failed sync is logged
+  // and sticky as for sync(). The default does nothing (a store with nothing to sync).
+  virtual void sync_soon() {}
+
   // apply() then sync(): ok means the batch is durable.
   Status write(const WriteBatch& batch) {
     PENSTOCK_RETURN_IF_ERROR(apply(batch));

@@ -414,8 +414,8 @@ TEST_F(ClientReadTest, AWriteErrorReachesEveryHandleOpenAtTheFailureOnce) {
 }
 
 // security.capability, which the kernel asks for before every write(): its absence is remembered
-// for the ttl (a second host's setcap shows after it), this client's own set is seen at once, and
-// other names are never remembered.
+// for the ttl (a second host's setcap shows after it), this client's own set is seen at once,
+// other names are never remembered, and a file this client creates is known to have none.
 TEST(ClientXattrTest, CapabilityAbsenceIsRememberedForTheTtlOnly) {
   testing::InProcessCluster cluster;
   testing::InProcessClusterOptions o;
@@ -454,6 +454,17 @@ TEST(ClientXattrTest, CapabilityAbsenceIsRememberedForTheTtlOnly) {
   v = c1.getxattr(ino, "user.tag");
   ASSERT_TRUE(v.has_value()) << "an ordinary xattr was cached: " << v.error().to_string();
   EXPECT_EQ(*v, "t");
+
+  // A file this client creates has no xattrs: the question before its first write() is answered
+  // without a meta call (the absence is known from the create, for the ttl like any other).
+  auto g = c1.create(InodeId{1}, "fresh", S_IFREG | 0644, root);
+  ASSERT_TRUE(g.has_value()) << g.error().to_string();
+  ASSERT_TRUE((*c2)->setxattr(g->ino, caps, "v0", 0).is_ok());
+  EXPECT_EQ(c1.getxattr(g->ino, caps).status().code(), Code::kNoData) << "the create did not note the absence";
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  v = c1.getxattr(g->ino, caps);
+  ASSERT_TRUE(v.has_value()) << v.error().to_string();
+  EXPECT_EQ(*v, "v0");
   c2->reset();
 }
 

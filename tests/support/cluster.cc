@@ -533,7 +533,9 @@ std::string Cluster::log_tails(int lines) const {
       argv.insert(argv.end(), {"--data-servers", std::to_string(options_.data_servers),
                                "--port-base", std::to_string(port_base_)});
     }
-    r = run_command(argv, 180, {"PENSTOCK_BUILD=" + build_dir()});
+    std::vector<std::string> env = {"PENSTOCK_BUILD=" + build_dir()};
+    if (!options_.meta_args.empty()) env.push_back("PENSTOCK_META_ARGS=" + options_.meta_args);
+    r = run_command(argv, 180, env);
     if (r.exit_code == 0) {
       break;
     }

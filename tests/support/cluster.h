@@ -55,6 +55,7 @@ bool is_mount_point(const std::string& path);
 
 struct ClusterOptions {
   int data_servers = 3;
+  std::string meta_args;  // extra penstock-meta flags (local-cluster's PENSTOCK_META_ARGS)
 };
 
 class Cluster {

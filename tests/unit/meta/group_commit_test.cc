@@ -227,6 +227,26 @@ TEST(RocksDbGroupCommitTest, ApplyIsVisibleBeforeSync) {
   EXPECT_EQ((*s)->wal_syncs(), before + 1);
 }
 
+// sync_soon() syncs what was applied before it within the store's delay, without the caller
+// waiting.
+TEST(RocksDbGroupCommitTest, SyncSoonSyncsWithinItsDelay) {
+  testing::TempDir dir;
+  RocksDbOptions options;
+  options.sync_soon_delay = std::chrono::milliseconds(20);
+  auto s = RocksDbStore::open(dir.path() + "/db", options);
+  ASSERT_TRUE(s.has_value()) << s.error().to_string();
+  RocksDbStore& store = **s;
+  const uint64_t before = store.wal_syncs();
+  WriteBatch b;
+  b.put("a", "1");
+  ASSERT_OK(store.apply(b));
+  store.sync_soon();
+  store.sync_soon();
+  EXPECT_TRUE(eventually([&] { return store.wal_syncs() > before; })) << "no sync after sync_soon()";
+  ASSERT_OK(store.sync());  // nothing applied since: the delayed sync covered the batch
+  EXPECT_GE(store.wal_syncs(), before + 1);
+}
+
 // A MemoryStore that logs apply/sync and can hold a sync until a condition holds.
 class RecordingStore final : public Store {
  public:
@@ -249,10 +269,19 @@ class RecordingStore final : public Store {
     durable_ = std::max(durable_, upto);
     return Status::ok();
   }
+  void sync_soon() override {
+    std::lock_guard lock(mu_);
+    ++soon_;
+  }
   Status scan(std::string_view prefix, std::string_view seek, const ScanFn& fn) override {
     return mem_.scan(prefix, seek, fn);
   }
   std::string describe() const override { return "recording"; }
+
+  uint64_t sync_soon_calls() {
+    std::lock_guard lock(mu_);
+    return soon_;
+  }
 
   uint64_t applied() {
     std::lock_guard lock(mu_);
@@ -267,7 +296,7 @@ class RecordingStore final : public Store {
  private:
   MemoryStore mem_;
   std::mutex mu_;
-  uint64_t applied_ = 0, durable_ = 0, syncs_ = 0;
+  uint64_t applied_ = 0, durable_ = 0, syncs_ = 0, soon_ = 0;
 };
 
 class NamespaceGroupCommitTest : public ::testing::Test {
@@ -332,6 +361,29 @@ TEST_F(NamespaceGroupCommitTest, OpenAndReleaseSkipTheSyncUntilTheFileIsAnOrphan
   ASSERT_TRUE(svc_->open_file(pm::OpenReq{ino, sess->session, 0}).has_value());
   EXPECT_GT(store_.durable(), after_unlink) << "an open of an orphan must be synced";
   EXPECT_EQ(store_.durable(), store_.applied());
+}
+
+// A close's size report is applied (every client sees the size at once) and only asks the store
+// to sync soon; fsync's report waits for the sync, and SyncLog makes an earlier close's durable.
+TEST_F(NamespaceGroupCommitTest, SizeReportedAtCloseIsVisibleAtOnceAndSyncedSoon) {
+  auto a = create("a");
+  ASSERT_TRUE(a.has_value()) << a.error().to_string();
+  const InodeId ino = a->attr.ino;
+  const uint64_t synced = store_.durable();
+  auto r = svc_->report_size_at_close(pm::ReportSizeReq{ino, 5000, 77});
+  ASSERT_TRUE(r.has_value()) << r.error().to_string();
+  EXPECT_EQ(r->attr.size, 5000u);
+  EXPECT_GT(r->attr.generation, a->attr.generation);
+  auto seen = svc_->get_attr(pm::InodeReq{ino});
+  ASSERT_TRUE(seen.has_value());
+  EXPECT_EQ(seen->attr.size, 5000u);
+  EXPECT_EQ(store_.durable(), synced) << "a close's report waited for a sync";
+  EXPECT_EQ(store_.sync_soon_calls(), 1u);
+  ASSERT_OK(svc_->sync_log());
+  EXPECT_EQ(store_.durable(), store_.applied()) << "SyncLog left the report unsynced";
+  ASSERT_TRUE(svc_->report_size(pm::ReportSizeReq{ino, 6000, 78}).has_value());
+  EXPECT_EQ(store_.durable(), store_.applied()) << "fsync's report must be synced";
+  EXPECT_EQ(store_.sync_soon_calls(), 1u);
 }
 
 TEST_F(NamespaceGroupCommitTest, NamespaceLockIsFreeWhileASyncRuns) {
