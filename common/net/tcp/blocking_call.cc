@@ -92,6 +92,11 @@ bool BlockingConnection::broken() {
   return broken_;
 }
 
+Status BlockingConnection::lost(int err) const {
+  return Status(Code::kUnavailable,
+                "connection to " + address_ + " lost: " + (err == 0 ? "closed by the peer" : std::strerror(err)));
+}
+
 Status BlockingConnection::fail(Status why) {
   if (!why.is_ok()) broken_ = true;
   return why;
@@ -106,7 +111,7 @@ Status BlockingConnection::wait(short events, Clock::time_point deadline) {
     const int n = ::poll(&p, 1, poll_timeout_ms(deadline));
     if (n > 0) return Status::ok();  // ready, or an error the next send/recv reports
     if (n < 0 && errno != EINTR) {
-      return Status(Code::kUnavailable, "connection to " + address_ + " lost: " + std::strerror(errno));
+      return lost(errno);
     }
   }
 }
@@ -135,10 +140,10 @@ Status BlockingConnection::read_exact(uint8_t* dst, size_t n, Clock::time_point 
       n -= take;
       continue;
     }
-    if (got == 0) return Status(Code::kUnavailable, "connection to " + address_ + " lost: closed by the peer");
+    if (got == 0) return lost(0);
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      return Status(Code::kUnavailable, "connection to " + address_ + " lost: " + std::strerror(errno));
+      return lost(errno);
     }
     PENSTOCK_RETURN_IF_ERROR(wait(POLLIN, deadline));
   }
@@ -167,7 +172,7 @@ Result<CallReply> BlockingConnection::call(uint64_t id, OutgoingCall& call) {
   while (sent < total) {
     const SendNow r = send_now(fd_, unsent_rest(parts, sent));
     if (r.error != 0) {
-      return fail(Status(Code::kUnavailable, "connection to " + address_ + " lost: " + std::strerror(r.error)));
+      return fail(lost(r.error));
     }
     sent += r.sent;
     if (sent < total) PENSTOCK_RETURN_IF_ERROR(fail(wait(POLLOUT, call.deadline)));

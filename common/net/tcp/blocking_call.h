@@ -55,6 +55,8 @@ class BlockingConnection {
   Status skip(size_t n, Clock::time_point deadline);
   // `why`, marking the connection broken unless it is ok.
   Status fail(Status why);
+  // kUnavailable "connection to ADDRESS lost: <errno text>" (err 0: closed by the peer).
+  Status lost(int err) const;
 
   int fd_;
   std::string address_;
