@@ -1029,8 +1029,16 @@ void Client::wb_send_locked(InodeId ino, const std::shared_ptr<WbFile>& wf, std:
   budget_->start_flight(len);
   wf->inflight.emplace_back(off, off + len);
   PENSTOCK_LOG(Debug) << "write-behind send inode " << ino.to_string() << " [" << off << ", " << off + len << ")";
-  // After the send: the range leaves `inflight`, a failure is recorded for the file's handles.
-  // REQUIRES: wf->mu held.
+  // The bytes to the data servers; no lock is needed (the range is listed in `inflight`).
+  auto transfer = [this, ino, data, off, len, layout = wf->layout] {
+    Status st = write_now(ino, layout, off, *data);
+    PENSTOCK_LOG(Debug) << "write-behind done inode " << ino.to_string() << " [" << off << ", " << off + len << "): " << st.to_string();
+    // Blocks fetched while these bytes were on their way may hold the old ones.
+    cache_->invalidate_range(ino, off, len);
+    return st;
+  };
+  // After the send: the range leaves `inflight`, a failure is recorded for the file's handles,
+  // waiters wake. REQUIRES: wf->mu held.
   auto settle = [this, ino, wf, off, len](const Status& st) {
     auto it = std::find(wf->inflight.begin(), wf->inflight.end(), std::make_pair(off, off + len));
     if (it != wf->inflight.end()) wf->inflight.erase(it);
@@ -1039,35 +1047,26 @@ void Client::wb_send_locked(InodeId ino, const std::shared_ptr<WbFile>& wf, std:
                          << " bytes) failed: " << st.to_string() << "; reported at the next write, close or fsync";
       wf->error->record(st);
     }
-  };
-  // Sends, then settles; `held`: the caller's lock on wf->mu, released during the send (null: not held).
-  auto send = [this, ino, wf, data, off, len, settle, layout = wf->layout](std::unique_lock<std::mutex>* held) {
-    if (held != nullptr) held->unlock();
-    Status st = write_now(ino, layout, off, *data);
-    PENSTOCK_LOG(Debug) << "write-behind done inode " << ino.to_string() << " [" << off << ", " << off + len << "): " << st.to_string();
-    // Blocks fetched while these bytes were on their way may hold the old ones.
-    cache_->invalidate_range(ino, off, len);
-    if (held != nullptr) {
-      held->lock();
-      settle(st);
-    } else {
-      std::lock_guard<std::mutex> g(wf->mu);
-      settle(st);
-    }
     wf->cv.notify_all();
     budget_->finish_flight(len);
   };
-  // A drain sends the last buffer itself: it waits for it anyway, and a pool thread would only add
-  // two thread wake-ups (close() of a small file is one write).
-  if (here) return send(&lock);
-  if (!pool_->try_submit([send] { send(nullptr); })) {
-    // The pool stopped (shutdown raced with this write): send here, under the file's lock.
-    Status st = write_now(ino, wf->layout, off, *data);
-    cache_->invalidate_range(ino, off, len);
+  if (here) {
+    // A drain sends the last buffer itself: it waits for it anyway, and a pool thread would only
+    // add two thread wake-ups (close() of a small file is one write).
+    lock.unlock();
+    const Status st = transfer();
+    lock.lock();
     settle(st);
-    wf->cv.notify_all();
-    budget_->finish_flight(len);
+    return;
   }
+  const bool queued = pool_->try_submit([wf, transfer, settle] {
+    const Status st = transfer();
+    std::lock_guard<std::mutex> g(wf->mu);
+    settle(st);
+  });
+  // The pool stopped (shutdown raced with this write): send here, keeping the file's lock, since
+  // write() goes on appending to the buffer as it left it.
+  if (!queued) settle(transfer());
 }
 
 Status Client::wb_drain(InodeId ino) {
@@ -1228,8 +1227,10 @@ Status Client::flush_and_report(InodeId ino, WriteCursor* cursor, bool durable) 
   if (!err.is_ok()) return err;
   // With nothing (new) to report, fsync still needs a size an earlier close reported on disk.
   auto sync_log = [&] {
-    return durable ? meta_call<meta::SyncLog>(proto::Empty{}).status().with_context("sync size of inode " + ino.to_string())
-                   : Status::ok();
+    if (!durable) return Status::ok();
+    Status st = meta_call<meta::SyncLog>(proto::Empty{}).status();
+    if (st.code() == Code::kNotSupported) return Status::ok();  // an older server synced the close's report
+    return st.with_context("sync size of inode " + ino.to_string());
   };
   uint64_t written_end = 0;
   int64_t mtime = 0;
@@ -1247,6 +1248,8 @@ Status Client::flush_and_report(InodeId ino, WriteCursor* cursor, bool durable) 
   if (mtime != 0) {
     const meta::ReportSizeReq req{ino, written_end, mtime};
     auto r = durable ? meta_call<meta::ReportSize>(req) : meta_call<meta::ReportSizeAtClose>(req);
+    // A meta server older than ReportSizeAtClose syncs every report (and has no SyncLog).
+    if (!r.has_value() && r.error().code() == Code::kNotSupported) r = meta_call<meta::ReportSize>(req);
     if (!r.has_value()) return r.error().with_context("report size of inode " + ino.to_string());
   } else {
     PENSTOCK_RETURN_IF_ERROR(sync_log());

@@ -392,8 +392,9 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
       });
       return;
     }
-    if (resp.pipe) server_->pipes.give_back(std::move(resp.pipe));  // drained: reusable
-    written_by_worker(lock, bytes);
+    std::unique_ptr<Pipe> drained = std::move(resp.pipe);
+    written_by_worker(lock, bytes);  // releases wire_mu_, a leaf lock: the pool's lock comes after
+    if (drained) server_->pipes.give_back(std::move(drained));
   }
 
   // Splices what is left of `resp`'s pipe (*left bytes) into the socket without waiting; *left is

@@ -70,7 +70,9 @@ struct ServerOptions {
   int worker_threads = 4;
   // Threads for Dispatch::kWaiting handlers, a pool of their own; 0: they share the workers.
   int waiting_threads = 0;
-  uint32_t max_connections = 1024;
+  // Connections served at once; more are accepted and closed at once (a client then uses the
+  // connections it has). A mount holds up to 2 shared and 8 blocking ones per server (TcpOptions).
+  uint32_t max_connections = 16384;
   RdmaMode rdma = RdmaMode::kOff;
   // The RDMA listener's port on the same host; 0: the TCP port's number (rdma_cm ports are a space
   // of their own, so one address serves both transports).

@@ -3,6 +3,7 @@
 // Thread-safety: call block_termination_signals() from main() before starting threads.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "common/base/result.h"
@@ -15,6 +16,10 @@ void block_termination_signals();
 
 // Waits until SIGINT or SIGTERM arrives; returns the signal's name for the log.
 std::string wait_for_termination_signal();
+
+// Raises the soft open-file limit to the hard one (each client connection and each cached chunk
+// file is a descriptor) and returns the limit now in force (SIZE_MAX for unlimited).
+size_t raise_open_file_limit();
 
 // Creates `dir` (and parents) if missing and checks it is a writable directory.
 // kInvalid / kPermission / kIo with the path and what to do.

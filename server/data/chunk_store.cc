@@ -168,6 +168,14 @@ Status corrupt_block(const Target& t, InodeId ino, uint64_t index, uint64_t bloc
                                     "; the bytes are not returned (read another replica)");
 }
 
+// fsyncs a directory (the names it holds). A directory removed meanwhile is fine.
+Status sync_dir(const std::string& dir) {
+  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dfd.get() < 0) return errno == ENOENT ? Status::ok() : errno_error(errno, "cannot open " + dir);
+  IoOp op = IoOp::fsync(dfd.get());
+  return run_io(std::span<IoOp>(&op, 1), false).with_context("syncing " + dir);
+}
+
 // Starts reading from disk what a read of [offset, offset + length) of a chunk of `chunk_size`
 // will touch in a file just opened: the header with the table entries of its blocks, and its
 // blocks. Issued before the header is read, so a cold read waits for the disk once instead of for
@@ -621,8 +629,9 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::open_for_read(InodeId ino, uint64
     return Status(Code::kInvalid, "read [" + std::to_string(offset) + ", +" + std::to_string(length) +
                                       ") does not fit a chunk of " + std::to_string(chunk_size) + " bytes");
   }
+  // Under --direct-io the data bypasses the page cache: reading it ahead would read it twice.
   const ReadRange range{chunk_size, offset, length};
-  auto file = acquire(ino, chunk_index, &range);
+  auto file = acquire(ino, chunk_index, options_.direct_io ? nullptr : &range);
   if (!file.has_value()) {
     if (file.error().code() == Code::kNotFound) return std::shared_ptr<ChunkFile>();
     return file.error();
@@ -796,13 +805,7 @@ Status ChunkStore::truncate(InodeId ino, uint64_t file_size, uint32_t chunk_size
       PENSTOCK_RETURN_IF_ERROR(cut_chunk(ino, index, chunk_size, keep));
     }
   }
-  for (const std::string& dir : changed_dirs) {
-    Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (dfd.get() >= 0) {
-      IoOp op = IoOp::fsync(dfd.get());
-      PENSTOCK_RETURN_IF_ERROR(run_io(std::span<IoOp>(&op, 1), false));
-    }
-  }
+  for (const std::string& dir : changed_dirs) PENSTOCK_RETURN_IF_ERROR(sync_dir(dir));
   return Status::ok();
 }
 
@@ -832,11 +835,7 @@ Status ChunkStore::remove(InodeId ino) {
     return errno_error(errno, "cannot list " + dir);
   }
   if (!changed) return Status::ok();
-  std::string bucket = target_->bucket_dir(ino);
-  Fd bfd(::open(bucket.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (bfd.get() < 0) return errno_error(errno, "cannot open " + bucket);
-  IoOp op = IoOp::fsync(bfd.get());
-  return run_io(std::span<IoOp>(&op, 1), false).with_context("syncing " + bucket);
+  return sync_dir(target_->bucket_dir(ino));
 }
 
 Status ChunkStore::sync(InodeId ino) {

@@ -1,8 +1,8 @@
 // penstock-data: the data server daemon. Flags (or the same keys in a TOML file given with
 // --config) are listed by --help; none can change while the process runs.
-#include <sys/resource.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -24,19 +24,13 @@ int fail(const std::string& what) {
 // Raises the open-file limit to its hard maximum and returns how many cached chunk files per
 // target fit in half of it (the rest stays for sockets, syncs and the other targets' churn).
 size_t fit_fd_cache(size_t wanted, size_t targets, bool two_descriptors) {
-  rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return wanted;
-  if (rl.rlim_cur < rl.rlim_max) {
-    rlimit raised = rl;
-    raised.rlim_cur = rl.rlim_max;
-    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
-  }
-  if (rl.rlim_cur == RLIM_INFINITY) return wanted;
+  const size_t limit = penstock::daemon::raise_open_file_limit();
+  if (limit == SIZE_MAX) return wanted;
   const size_t per_entry = two_descriptors ? 2 : 1;
-  const size_t fit = static_cast<size_t>(rl.rlim_cur) / 2 / per_entry / std::max<size_t>(1, targets);
+  const size_t fit = limit / 2 / per_entry / std::max<size_t>(1, targets);
   if (wanted <= fit) return wanted;
   PENSTOCK_LOG(Warn) << "--fd-cache " << wanted << " with " << targets << " target(s) would pass half the open-file "
-                     << "limit (" << rl.rlim_cur << "); using " << fit << ". Raise `ulimit -n` (LimitNOFILE= in "
+                     << "limit (" << limit << "); using " << fit << ". Raise `ulimit -n` (LimitNOFILE= in "
                      << "the systemd unit) to cache more";
   return fit;
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -43,11 +44,11 @@ std::string bucket_name(uint32_t bucket) {
   return name;
 }
 
-// The number a whole name spells in decimal ("17"); nullopt for anything else ("3.tmp", "junk").
-std::optional<uint64_t> chunk_index_of(std::string_view name) {
+// The number a whole string spells in decimal ("17"); nullopt for anything else ("3.tmp", "junk").
+std::optional<uint64_t> decimal(std::string_view text) {
   uint64_t v = 0;
-  auto [ptr, ec] = std::from_chars(name.data(), name.data() + name.size(), v);
-  if (name.empty() || ec != std::errc() || ptr != name.data() + name.size()) return std::nullopt;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) return std::nullopt;
   return v;
 }
 
@@ -64,7 +65,7 @@ Status move_first_chunks(const std::string& chunks) {
     if (d == nullptr) return Status(Code::kIo, "cannot list " + bucket + ": " + std::strerror(errno));
     std::vector<std::string> inodes;
     while (dirent* e = ::readdir(d)) {
-      if (chunk_index_of(e->d_name).has_value()) inodes.emplace_back(e->d_name);
+      if (decimal(e->d_name).has_value()) inodes.emplace_back(e->d_name);
     }
     ::closedir(d);
     bool changed = false;
@@ -140,13 +141,16 @@ Result<std::unique_ptr<Target>> Target::open(const std::string& dir) {
   const std::string layout_file = path + "/layout";
   uint32_t layout = created ? kLayoutVersion : 1;
   auto text = daemon::read_small_file(layout_file);
+  if (struct stat st {}; !text.has_value() && ::stat(layout_file.c_str(), &st) == 0) {
+    return Status(Code::kIo, "cannot read " + layout_file + "; check its permissions");
+  }
   if (text.has_value()) {
-    uint32_t v = 0;
-    auto [ptr, ec] = std::from_chars(text->data(), text->data() + text->size(), v);
-    if (ec != std::errc() || ptr != text->data() + text->size() || v == 0) {
+    const std::optional<uint64_t> number = decimal(*text);
+    if (!number.has_value() || *number == 0 || *number > UINT32_MAX) {
       return Status(Code::kCorrupt, layout_file + " does not hold a layout number; restore it (\"" +
                                         std::to_string(kLayoutVersion) + "\" for a target of this build)");
     }
+    const uint32_t v = static_cast<uint32_t>(*number);
     if (v > kLayoutVersion) {
       return Status(Code::kInvalid, path + " has chunk layout " + std::to_string(v) + ", newer than this penstock-data (" +
                                         std::to_string(kLayoutVersion) + "); run a newer penstock-data on it");
@@ -202,7 +206,7 @@ Result<std::vector<uint64_t>> Target::list_chunks(InodeId ino) const {
     return Status(Code::kIo, "cannot list " + dir + ": " + std::strerror(errno));
   }
   while (dirent* e = ::readdir(d)) {
-    std::optional<uint64_t> index = chunk_index_of(e->d_name);
+    std::optional<uint64_t> index = decimal(e->d_name);
     if (index.has_value() && *index > 0) out.push_back(*index);
   }
   ::closedir(d);

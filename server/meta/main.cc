@@ -67,6 +67,11 @@ int run(const Flags& flags) {
     return 2;
   }
   daemon::block_termination_signals();
+  // Every mount holds a few connections (shared ones and one per thread that waits on a call).
+  if (const size_t files = daemon::raise_open_file_limit(); files < 4096) {
+    PENSTOCK_LOG(Warn) << "open-file limit " << files << ": each client connection is a descriptor; raise "
+                       << "`ulimit -n` (LimitNOFILE= in the systemd unit) for more than a few hundred mounts";
+  }
 
   Status st = daemon::ensure_directory(flags.db);
   if (!st.is_ok()) {

@@ -54,10 +54,11 @@ RocksDbStore::~RocksDbStore() {
   soon_cv_.notify_all();
   soon_.join();
   if (db_) {
-    // Batches applied but not yet synced (their callers were not answered) are kept too.
+    // Batches applied but not yet synced (their callers were not answered, or were told only
+    // "visible": sync_soon) are kept too.
     if (!committer_.failed()) (void)db_->FlushWAL(/*sync=*/options_.sync);
     rocksdb::Status s = db_->Close();
-    (void)s;  // nothing to do on a close error: every acknowledged write was already synced
+    (void)s;  // nothing to do on a close error: every write acknowledged as durable was synced
   }
 }
 
@@ -81,9 +82,9 @@ Result<std::unique_ptr<RocksDbStore>> RocksDbStore::open(const std::string& dir,
   opts.max_log_file_size = 64 << 20;
   opts.keep_log_file_num = 4;
   // The WAL is written to the OS only when sync() flushes it (FlushWAL(true) by the group's
-  // leader): one write+fdatasync per group instead of a write() per batch under the namespace
-  // mutex. Applied-but-unsynced batches may then be lost on kill -9, which is fine: none of them
-  // was acknowledged (see docs/meta-store.md).
+  // leader) or sync_soon() hands it over (FlushWAL(false)): one write+fdatasync per group instead
+  // of a write() per batch under the namespace mutex. Other applied-but-unsynced batches (opens,
+  // releases) may then be lost on kill -9, which is fine: docs/meta-store.md "Durability".
   opts.manual_wal_flush = true;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(opts, dir, &raw);
@@ -139,6 +140,11 @@ Status RocksDbStore::sync() {
 }
 
 void RocksDbStore::sync_soon() {
+  // The WAL buffer (manual_wal_flush) to the file now, one write(): a kill of the process keeps it.
+  const Status handed = from_rocks(db_->FlushWAL(/*sync=*/false), "write the write-ahead log in " + dir_);
+  if (!handed.is_ok()) {
+    PENSTOCK_LOG(Warn) << handed.to_string() << "; the delayed sync retries it";
+  }
   std::lock_guard<std::mutex> lock(soon_mu_);
   if (soon_asked_) return;  // the syncer's next run covers this caller's batch too
   soon_asked_ = true;

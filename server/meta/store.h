@@ -18,6 +18,7 @@
 // completed before it started; writes that complete during the scan may or may not be seen.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -73,10 +74,11 @@ class Store {
   // sticky: kIo now and from every later sync()/apply(); restart the daemon.
   virtual Status sync() = 0;
 
-  // Makes every batch applied before this call durable within the store's delay (a second or
-  // less), without waiting for it: for changes whose callers need them visible at once but durable
-  // only eventually (a close's size report; fsync() asks sync() for it). A failed sync is logged
-  // and sticky as for sync(). The default does nothing (a store with nothing to sync).
+  // Without waiting for a sync: every batch applied before this call survives a kill of this
+  // process when it returns, and a power loss once the store's delay has passed (its own sync, or
+  // any sync() meanwhile). For changes a caller may acknowledge as visible but needs durable only
+  // soon after (a close's size report; fsync() asks sync() for it). A failed sync is logged and
+  // sticky as for sync(). The default does nothing (a store whose process holds nothing unsynced).
   virtual void sync_soon() {}
 
   // apply() then sync(): ok means the batch is durable.
@@ -100,16 +102,22 @@ class MemoryStore final : public Store {
  public:
   Result<std::optional<std::string>> get(std::string_view key) override;
   Status apply(const WriteBatch& batch) override;
-  Status sync() override { return Status::ok(); }
+  Status sync() override {
+    syncs_.fetch_add(1, std::memory_order_relaxed);
+    return Status::ok();
+  }
   Status scan(std::string_view prefix, std::string_view seek, const ScanFn& fn) override;
   std::string describe() const override { return "memory"; }
 
   // Number of keys (tests use it to check that nothing leaks).
   size_t size() const;
+  // sync() calls so far (tests check which requests wait for one).
+  uint64_t syncs() const { return syncs_.load(std::memory_order_relaxed); }
 
  private:
   mutable std::shared_mutex mu_;  // leaf lock: never held while calling out (scan copies a page)
   std::map<std::string, std::string, std::less<>> data_;
+  std::atomic<uint64_t> syncs_{0};
 };
 
 }  // namespace penstock::meta

@@ -468,6 +468,33 @@ TEST(ClientXattrTest, CapabilityAbsenceIsRememberedForTheTtlOnly) {
   c2->reset();
 }
 
+// close() reports the size without waiting for a WAL sync at the meta server; fsync() waits for
+// one, also when a close already reported and nothing is left to report (SyncLog). The data
+// servers heartbeat rarely here: each heartbeat is a synced mutation of its own.
+TEST(ClientDurabilityTest, CloseReportsWithoutASyncAndFsyncWaitsForOne) {
+  testing::InProcessCluster cluster;
+  testing::InProcessClusterOptions o;
+  o.temp_prefix = "penstock-client-durability";
+  o.client.transport = net::TransportKind::kTcp;
+  o.data_heartbeat = std::chrono::milliseconds(60000);
+  ASSERT_TRUE(cluster.start(o));
+  client::Client& c = cluster.client();
+  const proto::Caller root{0, 0};
+  auto f = c.create(InodeId{1}, "reported", S_IFREG | 0644, root);
+  ASSERT_TRUE(f.has_value()) << f.error().to_string();
+  const std::vector<uint8_t> data = testing::seeded_bytes(5000, 19);
+  ASSERT_TRUE(c.write(f->ino, f->layout, 0, data).is_ok());
+  const uint64_t before = cluster.meta_store().syncs();
+  ASSERT_TRUE(c.flush(f->ino).is_ok());  // close()
+  EXPECT_EQ(cluster.meta_store().syncs(), before) << "close's size report waited for a sync";
+  auto seen = c.getattr(f->ino);
+  ASSERT_TRUE(seen.has_value()) << seen.error().to_string();
+  EXPECT_EQ(seen->size, data.size());
+  ASSERT_TRUE(c.fsync(f->ino, f->layout).is_ok());
+  EXPECT_GT(cluster.meta_store().syncs(), before) << "fsync after a close did not sync the meta server";
+  ASSERT_TRUE(c.release(f->ino).is_ok());
+}
+
 // rmdir and rename of a directory another client looked up wait until its entry lease ends (about
 // a second). They run on penstock-meta's waiting pool: more of them at once than the server has
 // workers must not hold up a create, which finishes while every one of them still waits.

@@ -40,6 +40,8 @@ struct InProcessClusterOptions {
   std::string host = "127.0.0.1";  // every server listens here (an RDMA-capable address for RDMA)
   int data_servers = 3;            // one target each
   int data_workers = 2;
+  // How often each data server heartbeats (each one a synced meta mutation).
+  std::chrono::milliseconds data_heartbeat{200};
   rpc::RdmaMode rdma = rpc::RdmaMode::kOff;
   client::ClientOptions client;  // meta_address is set by start()
   std::string temp_prefix = "penstock-inproc";
@@ -73,7 +75,7 @@ class InProcessCluster {
       d.listen = net::Endpoint{o.host, 0};
       d.meta = net::Endpoint{o.host, meta_->port()};
       d.targets = {dir_ + "/target" + std::to_string(i)};
-      d.heartbeat = 200ms;
+      d.heartbeat = o.data_heartbeat;
       d.workers = o.data_workers;
       d.rdma = o.rdma;
       data_.push_back(std::make_unique<data::DataServer>(d));
@@ -108,6 +110,8 @@ class InProcessCluster {
 
   // REQUIRES: start() succeeded.
   client::Client& client() { return *client_; }
+  // The meta server's store (counts its syncs).
+  const meta::MemoryStore& meta_store() const { return store_; }
   const std::string& dir() const { return dir_; }
   // host:port of the meta server (for a second client).
   const std::string& meta_address() const { return meta_address_; }

@@ -92,7 +92,8 @@ bool BlockingConnection::broken() {
   return broken_;
 }
 
-Status BlockingConnection::lost(int err) const {
+Status BlockingConnection::lost(int err) {
+  if (err == ECONNRESET || err == EPIPE) reset_by_peer_ = true;
   return Status(Code::kUnavailable,
                 "connection to " + address_ + " lost: " + (err == 0 ? "closed by the peer" : std::strerror(err)));
 }
@@ -119,6 +120,7 @@ Status BlockingConnection::wait(short events, Clock::time_point deadline) {
 Status BlockingConnection::read_exact(uint8_t* dst, size_t n, Clock::time_point deadline) {
   if (n == 0) return Status::ok();  // dst may be null (an empty span)
   const size_t buffered = std::min(n, in_len_ - in_pos_);
+  if (buffered > 0) answered_ = true;
   std::memcpy(dst, in_.data() + in_pos_, buffered);
   in_pos_ += buffered;
   dst += buffered;
@@ -129,6 +131,7 @@ Status BlockingConnection::read_exact(uint8_t* dst, size_t n, Clock::time_point 
     const bool direct = n >= in_.size();
     const ssize_t got = direct ? ::recv(fd_, dst, n, MSG_DONTWAIT) : ::recv(fd_, in_.data(), in_.size(), MSG_DONTWAIT);
     if (got > 0) {
+      answered_ = true;
       size_t take = static_cast<size_t>(got);
       if (!direct) {
         take = std::min(take, n);
@@ -140,7 +143,14 @@ Status BlockingConnection::read_exact(uint8_t* dst, size_t n, Clock::time_point 
       n -= take;
       continue;
     }
-    if (got == 0) return lost(0);
+    if (got == 0) {
+      // EOF. A reset that came after the FIN (our request reached a socket already closed, with
+      // nothing read) is left as the socket's error: fetch it, so refused() can tell.
+      int err = 0;
+      socklen_t len = sizeof(err);
+      if (::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = 0;
+      return lost(err == ECONNRESET || err == EPIPE ? err : 0);
+    }
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
       return lost(errno);
@@ -162,6 +172,7 @@ Status BlockingConnection::skip(size_t n, Clock::time_point deadline) {
 
 Result<CallReply> BlockingConnection::call(uint64_t id, OutgoingCall& call) {
   if (broken_) return Status(Code::kUnavailable, "connection to " + address_ + " is closed");
+  answered_ = false;
   const auto header = proto::encode_request_header(call.service, call.method, id, static_cast<uint32_t>(call.message.size()),
                                                    static_cast<uint32_t>(call.bulk_out.size()));
   const iovec parts[3] = {iovec{const_cast<uint8_t*>(header.data()), header.size()},
@@ -207,7 +218,12 @@ Result<CallReply> BlockingConnection::call(uint64_t id, OutgoingCall& call) {
     if (in_pos_ != in_len_) {
       return fail(Status(Code::kProtocol, "from " + address_ + ": bytes after the response that no request asked for"));
     }
-    if (!ok) return Status(static_cast<Code>(rh->status), std::move(message));
+    used_ = true;
+    if (!ok) {
+      Status st(static_cast<Code>(rh->status), std::move(message));
+      // The server closes the connection after a kProtocol answer (the request did not decode).
+      return st.code() == Code::kProtocol ? fail(std::move(st)) : st;
+    }
     return CallReply{std::move(message), rh->bulk_len};
   }
 }

@@ -35,8 +35,8 @@ class BlockingConnection {
   // Sends `call` as request `id` and waits for its response until call.deadline. The response's
   // bulk lands in call.bulk_in. Errors, as a Channel reports them: the response's error status;
   // kTimeout; kUnavailable (connection lost); kProtocol (a malformed frame, a response to another
-  // request, more bulk than bulk_in holds). After any error but a response's status the
-  // connection is broken(): drop it.
+  // request, more bulk than bulk_in holds). After any error but a response's status (kProtocol
+  // excepted: the server closes the connection after it) the connection is broken(): drop it.
   Result<CallReply> call(uint64_t id, OutgoingCall& call);
 
   // Whether the connection can carry no more calls: a call failed on it, or, checked now without
@@ -44,6 +44,11 @@ class BlockingConnection {
   bool broken();
   // Whether a call failed on it (broken() without looking at the socket).
   bool failed() const { return broken_; }
+  // Whether the server reset it before answering any call on it: a server over its connection
+  // limit accepts and closes at once (RpcServer), and a socket closed with bytes unread sends a
+  // reset, so the request was not (wholly) read and did not run. A server that read the request
+  // and then went away (a crash mid-call) closes with a FIN instead: not refused.
+  bool refused() const { return broken_ && reset_by_peer_ && !used_ && !answered_; }
 
  private:
   BlockingConnection(int fd, std::string address) : fd_(fd), address_(std::move(address)) {}
@@ -55,12 +60,16 @@ class BlockingConnection {
   Status skip(size_t n, Clock::time_point deadline);
   // `why`, marking the connection broken unless it is ok.
   Status fail(Status why);
-  // kUnavailable "connection to ADDRESS lost: <errno text>" (err 0: closed by the peer).
-  Status lost(int err) const;
+  // kUnavailable "connection to ADDRESS lost: <errno text>" (err 0: closed by the peer); notes
+  // a reset by the peer (ECONNRESET, EPIPE).
+  Status lost(int err);
 
   int fd_;
   std::string address_;
   bool broken_ = false;
+  bool used_ = false;            // a call completed on it
+  bool answered_ = false;        // the current call received a byte of its response
+  bool reset_by_peer_ = false;   // a call saw ECONNRESET or EPIPE
   // Bytes received but not yet consumed: [in_pos_, in_len_) of in_. A response header usually
   // arrives with its message in one recv into here.
   std::array<uint8_t, 4096> in_{};

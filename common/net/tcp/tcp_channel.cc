@@ -78,6 +78,8 @@ constexpr size_t kInlineSendMax = 64 << 10;
 // How long past its deadline a call may wait for the write or bulk read it is part of before the
 // connection is declared stalled and closed.
 constexpr auto kStallGrace = std::chrono::seconds(1);
+// How long a channel makes no new blocking connection after the server refused one.
+constexpr auto kRefusedPause = std::chrono::seconds(10);
 
 struct Pending {
   CallCallback done;
@@ -616,8 +618,19 @@ class TcpChannel : public Channel {
       conn = std::move(*made);
     }
     Result<CallReply> r = conn->call(next_id_.fetch_add(1, std::memory_order_relaxed), call);
+    const bool refused = conn->refused();
     give_back_blocking(std::move(conn));
-    return r;
+    if (!refused) return r;
+    // Reset before it answered anything: the server is at its connection limit and did not read
+    // the request. This call goes the shared way, and no new blocking connection is made for a while.
+    PENSTOCK_LOG(Warn) << "penstock server at " << server_.to_string()
+                       << " refused a further connection (at its max_connections?); calls to it share "
+                       << options_.connections << " connection(s) for " << kRefusedPause.count() << " s";
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      blocking_paused_until_ = Clock::now() + kRefusedPause;
+    }
+    return Channel::call_sync(std::move(call));
   }
 
   std::string describe() const override { return "tcp " + server_.to_string(); }
@@ -632,7 +645,7 @@ class TcpChannel : public Channel {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (idle_blocking_.empty()) {
-          if (blocking_open_ >= options_.blocking_connections) return nullptr;
+          if (blocking_open_ >= options_.blocking_connections || Clock::now() < blocking_paused_until_) return nullptr;
           ++blocking_open_;
           return std::make_unique<BlockingConnection>();
         }
@@ -676,6 +689,7 @@ class TcpChannel : public Channel {
   std::vector<std::shared_ptr<Connection>> slots_;   // guarded by mu_
   std::vector<std::unique_ptr<BlockingConnection>> idle_blocking_;  // guarded by mu_
   int blocking_open_ = 0;  // blocking connections idle, in use or being made; guarded by mu_
+  Clock::time_point blocking_paused_until_{};  // no new blocking connection before; guarded by mu_
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <random>
 #include <string>
@@ -907,6 +908,29 @@ TEST(RpcChannelTest, ServerStallingMidBulkTimesOutAndFreesTheBuffer) {
     in.reset();  // the aborted read must not touch it any more (AddressSanitizer checks)
     channel.reset();
   }
+}
+
+// A server at its connection limit accepts and closes a further connection without reading it.
+// A blocking call on such a fresh connection goes the shared way instead of failing.
+TEST(RpcServerTest, BlockingCallRefusedAtTheConnectionLimitUsesTheSharedConnection) {
+  auto server = start_server(0, 2);
+  net::IoRuntime runtime(1);
+  auto channel = net::make_tcp_channel(runtime, net::Endpoint{"127.0.0.1", server->port()}, net::TcpOptions{1000ms, 1, 4});
+  rpc::RpcClient client(channel, 5s);
+  // The shared connection (1 of 2), then a blocking one (2 of 2) kept busy by a slow call.
+  std::promise<Result<EchoResp>> shared;
+  client.call_async<Echo>(EchoReq{"shared"}, {}, [&](Result<EchoResp> r) { shared.set_value(std::move(r)); });
+  auto first = shared.get_future().get();
+  ASSERT_TRUE(first.has_value()) << first.error().to_string();
+  std::thread busy([&] { EXPECT_TRUE(client.call<Sleep>(SleepReq{400, 0}).has_value()); });
+  std::this_thread::sleep_for(100ms);
+  // A second blocking connection is over the limit: refused, and the call is made on the shared one.
+  EchoReq req;
+  req.text = "after the refusal";
+  auto r = client.call<Echo>(req);
+  ASSERT_TRUE(r.has_value()) << r.error().to_string();
+  EXPECT_EQ(r->text, "after the refusal");
+  busy.join();
 }
 
 TEST(RpcServerTest, ConnectionsOverMaxAreRefused) {
