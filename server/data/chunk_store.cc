@@ -398,7 +398,8 @@ void ChunkStore::open_direct(ChunkFile& file, const std::string& path) {
   }
 }
 
-Result<std::shared_ptr<ChunkFile>> ChunkStore::acquire(InodeId ino, uint64_t chunk_index, const ReadRange* cold) {
+Result<std::shared_ptr<ChunkFile>> ChunkStore::acquire(InodeId ino, uint64_t chunk_index, const ReadRange* cold,
+                                                        bool* read_started) {
   const Key key{ino.value, chunk_index};
   if (options_.fd_cache > 0) {
     std::lock_guard<std::mutex> g(fd_mu_);
@@ -409,6 +410,7 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::acquire(InodeId ino, uint64_t chu
     }
   }
   PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file, open_chunk_file(*target_, ino, chunk_index, cold));
+  if (read_started != nullptr) *read_started = cold != nullptr;
   if (options_.direct_io) open_direct(*file, target_->chunk_path(ino, chunk_index));
   remember(ino, chunk_index, file);
   return file;
@@ -623,7 +625,8 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
 // The start of every read: checks the range and opens the chunk; an empty file (no ChunkFile) when
 // there is no chunk. REQUIRES: the caller holds the inode and chunk locks shared.
 Result<std::shared_ptr<ChunkFile>> ChunkStore::open_for_read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
-                                                             uint32_t offset, uint64_t length, uint64_t* chunk_length) {
+                                                             uint32_t offset, uint64_t length, uint64_t* chunk_length,
+                                                             bool* read_started) {
   PENSTOCK_RETURN_IF_ERROR(validate_common(ino, chunk_size));
   if (static_cast<uint64_t>(offset) + length > chunk_size) {
     return Status(Code::kInvalid, "read [" + std::to_string(offset) + ", +" + std::to_string(length) +
@@ -631,7 +634,7 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::open_for_read(InodeId ino, uint64
   }
   // Under --direct-io the data bypasses the page cache: reading it ahead would read it twice.
   const ReadRange range{chunk_size, offset, length};
-  auto file = acquire(ino, chunk_index, options_.direct_io ? nullptr : &range);
+  auto file = acquire(ino, chunk_index, options_.direct_io ? nullptr : &range, read_started);
   if (!file.has_value()) {
     if (file.error().code() == Code::kNotFound) return std::shared_ptr<ChunkFile>();
     return file.error();
@@ -648,8 +651,9 @@ Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(Inode
   auto inode_guard = inode_locks_.lock_shared(ino.value);
   auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
   uint64_t chunk_len = 0;
+  bool read_started = false;
   PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file,
-                            open_for_read(ino, chunk_index, chunk_size, offset, length, &chunk_len));
+                            open_for_read(ino, chunk_index, chunk_size, offset, length, &chunk_len, &read_started));
   UnreadRange r;
   if (file == nullptr || offset >= chunk_len || length == 0) return std::optional<UnreadRange>(std::move(r));  // a hole
   // The receiver can verify only whole blocks; O_DIRECT data is not in the page cache to send.
@@ -660,8 +664,9 @@ Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(Inode
   const uint64_t first_b = offset / kB;
   const uint64_t nb = (n + kB - 1) / kB;
   // Start reading the bytes from disk now, so a cold read waits for the table and the data at
-  // once rather than one after the other (the splice comes later); a no-op when they are cached.
-  ::readahead(c.fd(), static_cast<off64_t>(c.header().data_offset + offset), n);
+  // once rather than one after the other (the splice comes later); a no-op when they are cached,
+  // and already done when this read opened the file.
+  if (!read_started) ::readahead(c.fd(), static_cast<off64_t>(c.header().data_offset + offset), n);
   std::vector<uint8_t> table(nb * kTableEntrySize);
   IoOp op = table_read(c, first_b, &table);
   Status st = run_io(std::span<IoOp>(&op, 1), false);

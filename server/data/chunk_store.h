@@ -161,11 +161,14 @@ class ChunkStore {
 
   Status cut_chunk(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint64_t keep);
   // The open file of a chunk: from the cache, else opened (and cached). kNotFound when missing.
-  // `cold`: the read this is for, whose bytes an open starts reading at once (null: no read).
+  // `cold`: the read this is for, whose bytes an open starts reading at once (null: no read);
+  // *read_started (if given) says whether it did (the file was opened here).
   // REQUIRES: the chunk's lock (either mode) and the inode lock held.
-  Result<std::shared_ptr<ChunkFile>> acquire(InodeId ino, uint64_t chunk_index, const ReadRange* cold = nullptr);
+  Result<std::shared_ptr<ChunkFile>> acquire(InodeId ino, uint64_t chunk_index, const ReadRange* cold = nullptr,
+                                             bool* read_started = nullptr);
   Result<std::shared_ptr<ChunkFile>> open_for_read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
-                                                   uint32_t offset, uint64_t length, uint64_t* chunk_length);
+                                                   uint32_t offset, uint64_t length, uint64_t* chunk_length,
+                                                   bool* read_started = nullptr);
   // Caches a file just created. REQUIRES: the chunk lock held exclusively.
   void remember(InodeId ino, uint64_t chunk_index, std::shared_ptr<ChunkFile> file);
   // Drops one chunk's / every chunk's of `ino` cache entry. REQUIRES: the chunk lock exclusive /
