@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
       "Unmount with `fusermount3 -u MOUNTPOINT` (or umount as root)."};
   app.set_config("--config", "", "read options from a TOML file (keys: meta, threads, clone-fd, "
                                  "direct-io, foreground, log-level, log-file, transport, cache-size, readahead-max, "
-                                 "dirty-limit, kernel-readahead)");
+                                 "dirty-limit, kernel-readahead, sched)");
   app.add_option("--meta", s.meta, "penstock-meta address host:port")->capture_default_str();
   app.add_flag("-f,--foreground", s.foreground, "stay in the foreground, logging to stderr");
   app.add_option("--threads", s.threads, "most FUSE worker threads")->check(CLI::Range(1, 1024))->capture_default_str();
@@ -193,10 +193,16 @@ int main(int argc, char** argv) {
                  "128K splits every large read into 128 KiB FUSE requests); whole KiB up to 1G; "
                  "0 = keep the kernel default; needs root [default " +
                      std::to_string(MountSettings::kDefaultKernelReadahead >> 20) + "M]");
+  app.add_option("--sched", s.sched,
+                 "CPU scheduling policy of the mount's threads: batch (SCHED_BATCH: they take their share "
+                 "of the CPU but do not preempt the application's threads when they wake, so the mount's "
+                 "traffic adds less to the application's latency) or normal (SCHED_OTHER)")
+      ->check(CLI::IsMember({"batch", "normal"}))
+      ->capture_default_str();
   app.add_option("-o", option_lists,
                  "mount options: meta=HOST:PORT, threads=N, clone_fd, direct_io, log_level=L, log_file=F, ro, "
                  "transport=auto|rdma|tcp, cache_size=S, readahead_max=S, dirty_limit=S, "
-                 "kernel_readahead=S; the "
+                 "kernel_readahead=S, sched=batch|normal; the "
                  "generic rw, defaults, nodev, nosuid, noatime, _netdev, allow_other, ... are accepted")
       ->allow_extra_args(false);
   app.add_option("args", positionals, "[META_ADDR] MOUNTPOINT")->required()->expected(1, 2);
@@ -256,6 +262,11 @@ int main(int argc, char** argv) {
   sigaddset(&term, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &term, nullptr);
 
+  // Before any thread exists, so that every thread of the mount inherits it.
+  if (Status st = penstock::fuse::apply_sched_policy(s.sched); !st.is_ok()) {
+    PENSTOCK_LOG(Warn) << st.message() << "; the mount's threads keep the policy it was started with";
+  }
+
   penstock::client::ClientOptions copts;
   copts.meta_address = s.meta;
   copts.client_name = "penstock-mount " + mountpoint;
@@ -306,7 +317,7 @@ int main(int argc, char** argv) {
   PENSTOCK_LOG(Info) << "mounted penstock:" << s.meta << " at " << mountpoint << " (threads " << s.threads
                      << (s.clone_fd ? ", clone_fd" : "") << (s.direct_io ? ", direct_io" : "") << "; cache " << s.cache_size << " bytes, read-ahead up to "
                      << s.readahead_max << " bytes per stream, write-behind up to " << s.dirty_limit
-                     << " dirty bytes)";
+                     << " dirty bytes; scheduling policy " << s.sched << ")";
   if (ready_fd >= 0) finish_daemonizing(ready_fd, s.log_file);
   pthread_sigmask(SIG_UNBLOCK, &term, nullptr);
 

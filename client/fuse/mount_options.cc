@@ -1,6 +1,7 @@
 #include "client/fuse/mount_options.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -95,6 +96,12 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
         PENSTOCK_RETURN_IF_ERROR(check_kernel_readahead(*size, "mount option kernel_readahead"));
         s->kernel_readahead = *size;
       }
+    } else if (key == "sched") {
+      PENSTOCK_RETURN_IF_ERROR(need_value());
+      if (value != "batch" && value != "normal") {
+        return bad("mount option sched=" + std::string(value) + " is not batch or normal");
+      }
+      s->sched = std::string(value);
     } else if (key.starts_with("x-")) {
       continue;
     } else {
@@ -103,7 +110,7 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
       if (!ignored) {
         return bad("unknown mount option '" + std::string(opt) +
                    "' (penstock options: meta=, threads=, clone_fd, direct_io, log_level=, log_file=, ro, transport=, "
-                   "cache_size=, readahead_max=, dirty_limit=, kernel_readahead=)");
+                   "cache_size=, readahead_max=, dirty_limit=, kernel_readahead=, sched=)");
       }
       if (key == "rw") s->read_only = false;
     }
@@ -118,6 +125,24 @@ Status check_kernel_readahead(uint64_t bytes, std::string_view what) {
     msg.append(std::to_string(bytes));
     msg.append(" bytes");
     return bad(std::move(msg));
+  }
+  return Status::ok();
+}
+
+Status apply_sched_policy(std::string_view policy) {
+  int which;
+  if (policy == "batch") {
+    which = SCHED_BATCH;
+  } else if (policy == "normal") {
+    which = SCHED_OTHER;
+  } else {
+    return bad("scheduling policy '" + std::string(policy) + "' is not batch or normal");
+  }
+  sched_param param{};
+  param.sched_priority = 0;
+  if (sched_setscheduler(0, which, &param) != 0) {
+    const int err = errno;
+    return Status(Code::kIo, "cannot set the scheduling policy " + std::string(policy) + ": " + std::strerror(err));
   }
   return Status::ok();
 }

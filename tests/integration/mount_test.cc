@@ -1,7 +1,9 @@
 // How penstock-mount starts and fails: against a metadata server that is not there it exits
 // non-zero within seconds and leaves nothing mounted; through the mount(8) helper
-// (deploy/mount.fuse.penstock SOURCE MOUNTPOINT -o OPTIONS) it mounts a running cluster.
+// (deploy/mount.fuse.penstock SOURCE MOUNTPOINT -o OPTIONS) it mounts a running cluster, every
+// thread of the mount at SCHED_BATCH unless sched=normal is given.
 #include <arpa/inet.h>
+#include <sched.h>
 #include <dirent.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -96,6 +98,30 @@ std::vector<pid_t> mount_daemons_for(const std::string& mount_point) {
   return out;
 }
 
+// The scheduling policy of each thread of process `pid` (-1 for a thread that exited meanwhile).
+std::vector<int> thread_policies(pid_t pid) {
+  std::vector<int> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    out.push_back(sched_getscheduler(static_cast<pid_t>(std::stol(e.path().filename().string()))));
+  }
+  return out;
+}
+
+// Every thread of the one daemon serving `mount_point` runs under `policy` (its FUSE thread,
+// the client's I/O and heartbeat threads: more than two).
+void expect_mount_threads_policy(const std::string& mount_point, int policy) {
+  std::vector<pid_t> pids = mount_daemons_for(mount_point);
+  ASSERT_EQ(pids.size(), 1u) << "penstock-mount processes for " << mount_point;
+  std::vector<int> policies = thread_policies(pids[0]);
+  EXPECT_GT(policies.size(), 2u);
+  for (int p : policies) {
+    if (p != -1) {
+      EXPECT_EQ(p, policy) << "a thread of penstock-mount pid " << pids[0];
+    }
+  }
+}
+
 // Unmounts `mount_point` if mounted and makes sure the daemon serving it has exited.
 void unmount_and_reap(const std::string& mount_point) {
   for (int i = 0; i < 10 && is_mount_point(mount_point); ++i) {
@@ -186,6 +212,7 @@ TEST_F(MountTest, MountHelperMountsARunningCluster) {
   EXPECT_LT(r.seconds, 30.0);
   ASSERT_TRUE(is_mount_point(mnt)) << "helper exited 0 but nothing is mounted at " << mnt << ":\n"
                                    << r.output;
+  expect_mount_threads_policy(mnt, SCHED_BATCH);  // the default
   struct stat st {};
   ASSERT_EQ(stat(mnt.c_str(), &st), 0) << errno_name(errno);
   EXPECT_TRUE(S_ISDIR(st.st_mode));
@@ -204,7 +231,8 @@ TEST_F(MountTest, MountHelperMountsARunningCluster) {
 }
 
 
-// -o direct_io: file data bypasses the kernel page cache (FOPEN_DIRECT_IO). Bytes written through
+// -o direct_io,sched=normal: every thread of the mount runs SCHED_OTHER, and file data bypasses
+// the kernel page cache (FOPEN_DIRECT_IO). Bytes written through
 // it are read back exactly through it and through a page-cached mount; a private mapping works; a
 // shared mapping is refused with ENODEV, which shows the open really is direct I/O.
 TEST_F(MountTest, DirectIoMountKeepsDataExactAndRefusesSharedMmap) {
@@ -214,9 +242,10 @@ TEST_F(MountTest, DirectIoMountKeepsDataExactAndRefusesSharedMmap) {
   ASSERT_EQ(mkdir(mnt.c_str(), 0755), 0);
   made_.push_back(mnt);
   ASSERT_TRUE(cluster.adopt_mount(mnt));
-  CommandResult r = run_command({mount_binary(), cluster.meta_addr(), mnt, "-o", "direct_io"}, 60);
+  CommandResult r = run_command({mount_binary(), cluster.meta_addr(), mnt, "-o", "direct_io,sched=normal"}, 60);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_TRUE(is_mount_point(mnt)) << r.output;
+  expect_mount_threads_policy(mnt, SCHED_OTHER);
 
   const std::string data = pattern((5u << 20) + 4097, 0, 77);
   const std::string path = mnt + "/shard";

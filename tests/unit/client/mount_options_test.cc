@@ -1,12 +1,14 @@
 #include "client/fuse/mount_options.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 namespace penstock::fuse {
 namespace {
@@ -87,6 +89,39 @@ TEST(MountOptions, KernelReadahead) {
   }
   EXPECT_TRUE(check_kernel_readahead(4096, "x").is_ok());
   EXPECT_EQ(check_kernel_readahead(1500, "--kernel-readahead").code(), Code::kInvalid);
+}
+
+TEST(MountOptions, SchedPolicy) {
+  MountSettings s;
+  EXPECT_EQ(s.sched, "batch");
+  ASSERT_TRUE(apply_mount_options("sched=normal", &s).is_ok());
+  EXPECT_EQ(s.sched, "normal");
+  ASSERT_TRUE(apply_mount_options("sched=batch", &s).is_ok());
+  EXPECT_EQ(s.sched, "batch");
+  for (const char* bad : {"sched=", "sched", "sched=fifo", "sched=BATCH"}) {
+    MountSettings t;
+    t.sched = "normal";
+    EXPECT_EQ(apply_mount_options(bad, &t).code(), Code::kInvalid) << bad;
+    EXPECT_EQ(t.sched, "normal") << bad;
+  }
+}
+
+// The policy is the calling thread's and is inherited by threads it starts afterwards; the test
+// runs it on a thread of its own so the test process's main thread keeps its policy.
+TEST(MountOptions, ApplySchedPolicyIsInheritedByNewThreads) {
+  std::thread([] {
+    ASSERT_TRUE(apply_sched_policy("batch").is_ok());
+    EXPECT_EQ(sched_getscheduler(0), SCHED_BATCH);
+    int child = -1;
+    std::thread([&child] { child = sched_getscheduler(0); }).join();
+    EXPECT_EQ(child, SCHED_BATCH);
+    ASSERT_TRUE(apply_sched_policy("normal").is_ok());
+    EXPECT_EQ(sched_getscheduler(0), SCHED_OTHER);
+    std::thread([&child] { child = sched_getscheduler(0); }).join();
+    EXPECT_EQ(child, SCHED_OTHER);
+    EXPECT_EQ(apply_sched_policy("fifo").code(), Code::kInvalid);
+    EXPECT_EQ(sched_getscheduler(0), SCHED_OTHER);
+  }).join();
 }
 
 TEST(MountOptions, FuseMountDevFromMountinfo) {
