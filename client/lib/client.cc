@@ -1228,9 +1228,7 @@ Status Client::flush_and_report(InodeId ino, WriteCursor* cursor, bool durable) 
   // With nothing (new) to report, fsync still needs a size an earlier close reported on disk.
   auto sync_log = [&] {
     if (!durable) return Status::ok();
-    Status st = meta_call<meta::SyncLog>(proto::Empty{}).status();
-    if (st.code() == Code::kNotSupported) return Status::ok();  // an older server synced the close's report
-    return st.with_context("sync size of inode " + ino.to_string());
+    return sync_namespace().with_context("sync size of inode " + ino.to_string());
   };
   uint64_t written_end = 0;
   int64_t mtime = 0;
@@ -1259,6 +1257,13 @@ Status Client::flush_and_report(InodeId ino, WriteCursor* cursor, bool durable) 
   // The meta server now knows the size; forget ours unless another write came in meanwhile.
   if (it != files_.end() && it->second.seq == seq) files_.erase(it);
   return Status::ok();
+}
+
+Status Client::sync_namespace() {
+  Status st = meta_call<meta::SyncLog>(proto::Empty{}).status();
+  // An older server has no SyncLog and synced every change before acknowledging it.
+  if (st.code() == Code::kNotSupported) return Status::ok();
+  return st;
 }
 
 Status Client::fsync(InodeId ino, const proto::Layout& layout, WriteCursor* cursor) {

@@ -225,6 +225,9 @@ class Client {
   // there is nothing new to report: an earlier close's report is durable then too). A write error
   // is reported as flush() reports it.
   Status fsync(InodeId ino, const proto::Layout& layout, WriteCursor* cursor = nullptr);
+  // Returns once every namespace change the meta server acknowledged so far (creates and unlinks
+  // are acknowledged before their WAL sync) is on its disk: fsyncdir (SyncLog).
+  Status sync_namespace();
   // Cache and write-behind counters (for logs and tests).
   CacheStats cache_stats() const { return cache_->stats(); }
   // Drops the caches between this client and the disks, for cold-cache benchmarks: this client's

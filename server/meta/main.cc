@@ -171,8 +171,9 @@ int main(int argc, char** argv) {
                  "start, every rmdir and rename waits, for the longest term this database was ever served with")
       ->capture_default_str();
   app.add_option("--close-sync-ms", flags.close_sync_ms,
-                 "Milliseconds within which a file size reported by close() is synced to disk; close() waits only until "
-                 "every client sees it (fsync() waits for the sync). Default 50")
+                 "Milliseconds within which a file size reported by close(), and a create, mkdir, mknod, symlink or "
+                 "unlink, is synced to disk; they wait only until every client sees them and a crash of penstock-meta "
+                 "cannot lose them (fsync() of the file or its directory waits for the sync). Default 50")
       ->capture_default_str();
   app.add_option("--workers", flags.workers, "RPC worker threads that run metadata requests (default 8)")->capture_default_str();
   app.add_option("--io-threads", flags.io_threads,

@@ -584,7 +584,8 @@ Result<pm::LayoutResp> MetaService::get_layout(const pm::InodeReq& req) {
 
 Result<pm::AttrResp> MetaService::make_node_applied(InodeId parent_ino, const std::string& name, uint32_t mode,
                                             uint64_t rdev, const proto::Caller& caller, SessionId session,
-                                            const std::string& symlink_target) {
+                                            const std::string& symlink_target, uint64_t* unsynced_batch_end) {
+  *unsynced_batch_end = 0;
   PENSTOCK_RETURN_IF_ERROR(validate_name(name));
   std::lock_guard lock(mu_);
   int64_t now = options_.now();
@@ -611,6 +612,7 @@ Result<pm::AttrResp> MetaService::make_node_applied(InodeId parent_ino, const st
     rec.attr.layout.stripe_count = parent->attr.layout.stripe_count;
   }
   PENSTOCK_ASSIGN_OR_RETURN(InodeId ino, allocate_inode());
+  if (ino.value >= ino_synced_end_) *unsynced_batch_end = ino_batch_end_;
   rec.attr.ino = ino;
   rec.attr.mode = type | (mode & 07777);
   rec.attr.uid = caller.uid;
@@ -1373,7 +1375,11 @@ Result<std::string> MetaService::target_address(TargetId target) {
 // (visible at once, not yet synced), then releases mu_. The public method then waits in
 // store_->sync() until a WAL sync covers everything applied so far, so concurrent mutations share
 // one fsync. Errors wait too: a reply never reports state (e.g. kExists for a name another client
-// just created) that a crash could still take back. docs/meta-store.md "Durability" has the why.
+// just created) that a crash could still take back. Creating or removing one name (create, mkdir,
+// mknod, symlink, unlink) and a close's size report instead hand the WAL to the kernel
+// (sync_soon: safe from a kill of penstock-meta, synced within --close-sync-ms), as a local file
+// system's create is durable only at the next journal commit or fsync; fsync and fsyncdir send
+// SyncLog. docs/meta-store.md "Durability" has the why.
 
 template <class T>
 T MetaService::durable(T result) {
@@ -1389,9 +1395,26 @@ Status MetaService::close_session(const pm::SessionReq& req) { return durable(cl
 Result<pm::AttrResp> MetaService::make_node(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
                                             const proto::Caller& caller, SessionId session,
                                             const std::string& symlink_target) {
-  return durable(make_node_applied(parent, name, mode, rdev, caller, session, symlink_target));
+  uint64_t unsynced_batch_end = 0;
+  auto r = make_node_applied(parent, name, mode, rdev, caller, session, symlink_target, &unsynced_batch_end);
+  if (!r.has_value()) return durable(std::move(r));
+  if (unsynced_batch_end != 0) {
+    r = durable(std::move(r));
+    if (r.has_value()) {
+      std::lock_guard lock(mu_);
+      ino_synced_end_ = std::max(ino_synced_end_, unsynced_batch_end);
+    }
+    return r;
+  }
+  store_->sync_soon();
+  return r;
 }
-Status MetaService::unlink(const pm::NameReq& req) { return durable(unlink_applied(req)); }
+Status MetaService::unlink(const pm::NameReq& req) {
+  Status st = unlink_applied(req);
+  if (!st.is_ok()) return durable(std::move(st));
+  store_->sync_soon();
+  return st;
+}
 Status MetaService::rmdir(const pm::NameReq& req) {
   EntryLeases::Change change(leases_, {{req.parent, req.name}}, req.session);
   return durable(rmdir_applied(req));
@@ -1420,8 +1443,8 @@ Status MetaService::sync_log() { return durable(Status::ok()); }
 Status MetaService::set_xattr(const pm::SetXattrReq& req) { return durable(set_xattr_applied(req)); }
 Status MetaService::remove_xattr(const pm::GetXattrReq& req) { return durable(remove_xattr_applied(req)); }
 // Opens and releases are the hot path of every file read and are not synced: the WAL is replayed
-// as a prefix, so the synced unlink that orphans a file also makes every open applied before it
-// durable, and only such an orphan's open records keep chunks alive. An open of a file that is
+// as a prefix, so a crash that keeps the unlink that orphans a file keeps every open applied
+// before it, and only such an orphan's open records keep chunks alive. An open of a file that is
 // already an orphan (opened by inode after its unlink) is therefore synced. A release lost in a
 // crash only keeps an orphan until its session ends; the collector syncs before it removes
 // anything. docs/meta-store.md "Durability".

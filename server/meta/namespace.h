@@ -198,9 +198,12 @@ class MetaService {
   // (not yet synced) and returns; the public method then waits for the store's sync (durable()).
   Result<pm::RegisterSessionResp> register_session_applied(const pm::RegisterSessionReq& req);
   Status close_session_applied(const pm::SessionReq& req);
+  // *unsynced_batch_end: 0 when the new inode's number lies in an allocation batch whose
+  // reservation is known durable, else the batch's end, which the caller marks durable once it
+  // has synced (ino_synced_end_).
   Result<pm::AttrResp> make_node_applied(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
                                          const proto::Caller& caller, SessionId session,
-                                         const std::string& symlink_target);
+                                         const std::string& symlink_target, uint64_t* unsynced_batch_end);
   Status unlink_applied(const pm::NameReq& req);
   Status rmdir_applied(const pm::NameReq& req);
   Status rename_applied(const pm::RenameReq& req);
@@ -222,7 +225,8 @@ class MetaService {
   // error instead when the sync failed.
   template <class T>
   T durable(T result);
-  // make_node_applied + durable().
+  // make_node_applied, then sync_soon() (or durable() for an error, or for a number from a batch
+  // not yet known durable). docs/meta-store.md "Durability".
   Result<pm::AttrResp> make_node(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
                                  const proto::Caller& caller, SessionId session, const std::string& symlink_target);
 
@@ -246,6 +250,10 @@ class MetaService {
   std::mutex mu_;
   uint64_t next_ino_ = 0;       // next inode number to hand out
   uint64_t ino_batch_end_ = 0;  // persisted: numbers below this may have been handed out
+  // Numbers below this lie in a batch whose reservation a completed sync covered: a create using
+  // one may be acknowledged before its own sync, as a power loss can then lose the create but
+  // never hand its number out again. 0 after a start: the first create syncs.
+  uint64_t ino_synced_end_ = 0;
   uint64_t next_session_ = 1;
   uint64_t next_node_ = 1;
   uint64_t next_target_ = 1;

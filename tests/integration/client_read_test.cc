@@ -469,7 +469,8 @@ TEST(ClientXattrTest, CapabilityAbsenceIsRememberedForTheTtlOnly) {
 }
 
 // close() reports the size without waiting for a WAL sync at the meta server; fsync() waits for
-// one, also when a close already reported and nothing is left to report (SyncLog). The data
+// one, also when a close already reported and nothing is left to report (SyncLog). The same for
+// a create, and fsyncdir's sync_namespace syncs. The data
 // servers heartbeat rarely here: each heartbeat is a synced mutation of its own.
 TEST(ClientDurabilityTest, CloseReportsWithoutASyncAndFsyncWaitsForOne) {
   testing::InProcessCluster cluster;
@@ -493,6 +494,20 @@ TEST(ClientDurabilityTest, CloseReportsWithoutASyncAndFsyncWaitsForOne) {
   ASSERT_TRUE(c.fsync(f->ino, f->layout).is_ok());
   EXPECT_GT(cluster.meta_store().syncs(), before) << "fsync after a close did not sync the meta server";
   ASSERT_TRUE(c.release(f->ino).is_ok());
+
+  // A create is answered before the meta server's WAL sync (its number batch is synced: the
+  // first create above took care of that); fsync of the new, unwritten file syncs, and so does
+  // sync_namespace (fsyncdir).
+  const uint64_t before_create = cluster.meta_store().syncs();
+  auto g = c.create(InodeId{1}, "created", S_IFREG | 0644, root);
+  ASSERT_TRUE(g.has_value()) << g.error().to_string();
+  EXPECT_EQ(cluster.meta_store().syncs(), before_create) << "a create waited for a sync";
+  ASSERT_TRUE(c.fsync(g->ino, g->layout).is_ok());
+  EXPECT_GT(cluster.meta_store().syncs(), before_create) << "fsync of a new file did not sync its create";
+  ASSERT_TRUE(c.release(g->ino).is_ok());
+  const uint64_t before_dirsync = cluster.meta_store().syncs();
+  ASSERT_TRUE(c.sync_namespace().is_ok());
+  EXPECT_GT(cluster.meta_store().syncs(), before_dirsync) << "sync_namespace did not sync";
 }
 
 // rmdir and rename of a directory another client looked up wait until its entry lease ends (about

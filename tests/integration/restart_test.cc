@@ -2,6 +2,7 @@
 // symlinks, hard links, modes, times, xattrs) is found again byte for byte after the whole
 // cluster is stopped and started on the same state; and mutations acknowledged just before the
 // metadata server is killed with SIGKILL are present after it restarts.
+#include <dirent.h>
 #include <ftw.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -324,6 +325,17 @@ TEST_F(RestartTest, AcknowledgedMutationsSurviveKill9OfMeta) {
   EXPECT_EQ(std::string(buf, 6), "synced");
 }
 
+// Whether a listing of `dir` (asked of the meta server: the kernel caches no FUSE directory
+// listing here, while a stat() could be answered from a dentry the kernel still holds) has `name`.
+bool listed(const std::string& dir, const std::string& name) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return false;
+  bool found = false;
+  while (dirent* e = readdir(d)) found = found || name == e->d_name;
+  closedir(d);
+  return found;
+}
+
 // Kills penstock-meta with SIGKILL and waits until it is gone.
 ::testing::AssertionResult kill_meta(Cluster& cluster) {
   const pid_t meta = cluster.pid_of("meta");
@@ -339,8 +351,8 @@ TEST_F(RestartTest, AcknowledgedMutationsSurviveKill9OfMeta) {
 
 // A close() reports the size without waiting for the meta server's WAL sync (visible to every
 // mount at once, fsynced within --close-sync-ms, as its unsynced data is written back later too),
-// but the report is in the kernel before close() returns: a kill -9 of penstock-meta right after
-// the close loses nothing. (Whether fsync() waits for the sync is checked in
+// and creates and unlinks are answered the same way, but each is in the kernel before the reply:
+// a kill -9 of penstock-meta right after them loses nothing. (Whether fsync() waits for the sync is checked in
 // client_read_test.cc, ClientDurabilityTest.)
 TEST(CloseSizeTest, SurvivesAKillOfTheMetaServerRightAfterTheClose) {
   if (const char* d = std::getenv("PENSTOCK_TEST_DIR"); d != nullptr && *d != '\0') {
@@ -350,12 +362,27 @@ TEST(CloseSizeTest, SurvivesAKillOfTheMetaServerRightAfterTheClose) {
   options.meta_args = "--close-sync-ms 60000";  // no delayed sync during the test
   Cluster cluster(options);
   ASSERT_TRUE(cluster.up());
-  const std::string file = cluster.mount_path() + "/closed";
+  // The first create after a start syncs (its inode-number batch); later ones, unlinks and a
+  // close's report are answered before a sync. Each kind is the last before a kill once (a later
+  // one would hand the earlier to the kernel too).
+  const std::string m = cluster.mount_path();
+  struct stat st {};
+  ASSERT_EQ(mkdir((m + "/first").c_str(), 0755), 0) << errno_name(errno);
+  ASSERT_TRUE(write_file(m + "/gone", "x"));
+  ASSERT_EQ(mkdir((m + "/made").c_str(), 0755), 0) << errno_name(errno);
+  ASSERT_TRUE(kill_meta(cluster));
+  ASSERT_TRUE(cluster.restart());
+  EXPECT_TRUE(listed(m, "made")) << "a mkdir was lost with penstock-meta";
+  ASSERT_EQ(mkdir((m + "/first-again").c_str(), 0755), 0) << errno_name(errno);
+  ASSERT_EQ(unlink((m + "/gone").c_str()), 0) << errno_name(errno);
+  ASSERT_TRUE(kill_meta(cluster));
+  ASSERT_TRUE(cluster.restart());
+  EXPECT_FALSE(listed(m, "gone")) << "an unlink was lost with penstock-meta";
+  const std::string file = m + "/closed";
   const std::string data = pattern(5000, 0, 91);
   ASSERT_TRUE(write_file(file, data));
   ASSERT_TRUE(kill_meta(cluster));
   ASSERT_TRUE(cluster.restart());
-  struct stat st {};
   ASSERT_EQ(stat(file.c_str(), &st), 0) << errno_name(errno);
   EXPECT_EQ(st.st_size, static_cast<off_t>(data.size())) << "the size close() reported was lost with penstock-meta";
   std::string back;
