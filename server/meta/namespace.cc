@@ -1388,6 +1388,13 @@ T MetaService::durable(T result) {
   return result;
 }
 
+template <class T>
+T MetaService::handed(T result) {
+  Status st = store_->sync_soon();
+  if (!st.is_ok()) return st.with_context("the change is applied but not in the write-ahead log; restart penstock-meta");
+  return result;
+}
+
 Result<pm::RegisterSessionResp> MetaService::register_session(const pm::RegisterSessionReq& req) {
   return durable(register_session_applied(req));
 }
@@ -1406,14 +1413,12 @@ Result<pm::AttrResp> MetaService::make_node(InodeId parent, const std::string& n
     }
     return r;
   }
-  store_->sync_soon();
-  return r;
+  return handed(std::move(r));
 }
 Status MetaService::unlink(const pm::NameReq& req) {
   Status st = unlink_applied(req);
   if (!st.is_ok()) return durable(std::move(st));
-  store_->sync_soon();
-  return st;
+  return handed(std::move(st));
 }
 Status MetaService::rmdir(const pm::NameReq& req) {
   EntryLeases::Change change(leases_, {{req.parent, req.name}}, req.session);
@@ -1436,8 +1441,8 @@ Result<pm::AttrResp> MetaService::report_size(const pm::ReportSizeReq& req) { re
 // with SyncLog for a size a close reported). docs/meta-store.md "Durability".
 Result<pm::AttrResp> MetaService::report_size_at_close(const pm::ReportSizeReq& req) {
   auto r = report_size_applied(req);
-  if (r.has_value()) store_->sync_soon();
-  return r;
+  if (!r.has_value()) return r;
+  return handed(std::move(r));
 }
 Status MetaService::sync_log() { return durable(Status::ok()); }
 Status MetaService::set_xattr(const pm::SetXattrReq& req) { return durable(set_xattr_applied(req)); }

@@ -195,7 +195,8 @@ class MetaService {
   Status load();
 
   // The mutations behind the public methods of the same name: each takes mu_, applies its batch
-  // (not yet synced) and returns; the public method then waits for the store's sync (durable()).
+  // (not yet synced) and returns; the public method then waits for the store's sync (durable()),
+  // or hands the batch to the kernel (handed()) for the changes answered before a sync.
   Result<pm::RegisterSessionResp> register_session_applied(const pm::RegisterSessionReq& req);
   Status close_session_applied(const pm::SessionReq& req);
   // *unsynced_batch_end: 0 when the new inode's number lies in an allocation batch whose
@@ -225,6 +226,10 @@ class MetaService {
   // error instead when the sync failed.
   template <class T>
   T durable(T result);
+  // Hands everything applied so far to the kernel (Store::sync_soon: a kill of this process keeps
+  // it, a sync follows within --close-sync-ms); then `result`, or the error when it could not.
+  template <class T>
+  T handed(T result);
   // make_node_applied, then sync_soon() (or durable() for an error, or for a number from a batch
   // not yet known durable). docs/meta-store.md "Durability".
   Result<pm::AttrResp> make_node(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,

@@ -139,16 +139,20 @@ Status RocksDbStore::sync() {
   return committer_.sync_all();
 }
 
-void RocksDbStore::sync_soon() {
+Status RocksDbStore::sync_soon() {
   // The WAL buffer (manual_wal_flush) to the file now, one write(): a kill of the process keeps it.
   const Status handed = from_rocks(db_->FlushWAL(/*sync=*/false), "write the write-ahead log in " + dir_);
   if (!handed.is_ok()) {
     PENSTOCK_LOG(Warn) << handed.to_string() << "; the delayed sync retries it";
   }
-  std::lock_guard<std::mutex> lock(soon_mu_);
-  if (soon_asked_) return;  // the syncer's next run covers this caller's batch too
-  soon_asked_ = true;
-  soon_cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(soon_mu_);
+    if (!soon_asked_) {  // else the syncer's next run covers this caller's batch too
+      soon_asked_ = true;
+      soon_cv_.notify_all();
+    }
+  }
+  return handed;
 }
 
 void RocksDbStore::sync_soon_loop() {

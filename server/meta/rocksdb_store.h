@@ -50,7 +50,7 @@ class RocksDbStore final : public Store {
   Status sync() override;
   // One thread of the store runs sync() options.sync_soon_delay after the first request since its
   // last run (a sync covers every batch applied before it starts, so requests meanwhile share it).
-  void sync_soon() override;
+  Status sync_soon() override;
   Status scan(std::string_view prefix, std::string_view seek, const ScanFn& fn) override;
   std::string describe() const override { return "rocksdb " + dir_; }
 

@@ -77,9 +77,11 @@ class Store {
   // Without waiting for a sync: every batch applied before this call survives a kill of this
   // process when it returns, and a power loss once the store's delay has passed (its own sync, or
   // any sync() meanwhile). For changes a caller may acknowledge as visible but needs durable only
-  // soon after (a close's size report; fsync() asks sync() for it). A failed sync is logged and
-  // sticky as for sync(). The default does nothing (a store whose process holds nothing unsynced).
-  virtual void sync_soon() {}
+  // soon after (a close's size report, a create; fsync() asks sync() for it). kIo when the batches
+  // could not be handed to the kernel (the caller must not acknowledge them); a failed delayed
+  // sync is logged and sticky as for sync(). The default does nothing (a store whose process holds
+  // nothing unsynced).
+  virtual Status sync_soon() { return Status::ok(); }
 
   // apply() then sync(): ok means the batch is durable.
   Status write(const WriteBatch& batch) {

@@ -240,8 +240,8 @@ TEST(RocksDbGroupCommitTest, SyncSoonSyncsWithinItsDelay) {
   WriteBatch b;
   b.put("a", "1");
   ASSERT_OK(store.apply(b));
-  store.sync_soon();
-  store.sync_soon();
+  ASSERT_OK(store.sync_soon());
+  ASSERT_OK(store.sync_soon());
   EXPECT_TRUE(eventually([&] { return store.wal_syncs() > before; })) << "no sync after sync_soon()";
   const uint64_t after = store.wal_syncs();
   ASSERT_OK(store.sync());  // nothing applied since: the delayed sync covered the batch
@@ -270,9 +270,10 @@ class RecordingStore final : public Store {
     durable_ = std::max(durable_, upto);
     return Status::ok();
   }
-  void sync_soon() override {
+  Status sync_soon() override {
     std::lock_guard lock(mu_);
     ++soon_;
+    return fail_soon_ ? Status(Code::kIo, "write: No space left on device") : Status::ok();
   }
   Status scan(std::string_view prefix, std::string_view seek, const ScanFn& fn) override {
     return mem_.scan(prefix, seek, fn);
@@ -293,6 +294,7 @@ class RecordingStore final : public Store {
     return durable_;
   }
   std::function<void()> hold_;
+  bool fail_soon_ = false;  // sync_soon() fails (the WAL could not be handed to the kernel)
 
  private:
   MemoryStore mem_;
@@ -379,6 +381,7 @@ TEST_F(NamespaceGroupCommitTest, SizeReportedAtCloseIsVisibleAtOnceAndSyncedSoon
   ASSERT_TRUE(a.has_value()) << a.error().to_string();
   const InodeId ino = a->attr.ino;
   const uint64_t synced = store_.durable();
+  const uint64_t soon = store_.sync_soon_calls();
   auto r = svc_->report_size_at_close(pm::ReportSizeReq{ino, 5000, 77});
   ASSERT_TRUE(r.has_value()) << r.error().to_string();
   EXPECT_EQ(r->attr.size, 5000u);
@@ -387,12 +390,25 @@ TEST_F(NamespaceGroupCommitTest, SizeReportedAtCloseIsVisibleAtOnceAndSyncedSoon
   ASSERT_TRUE(seen.has_value());
   EXPECT_EQ(seen->attr.size, 5000u);
   EXPECT_EQ(store_.durable(), synced) << "a close's report waited for a sync";
-  EXPECT_EQ(store_.sync_soon_calls(), 1u);
+  EXPECT_EQ(store_.sync_soon_calls(), soon + 1);
   ASSERT_OK(svc_->sync_log());
   EXPECT_EQ(store_.durable(), store_.applied()) << "SyncLog left the report unsynced";
   ASSERT_TRUE(svc_->report_size(pm::ReportSizeReq{ino, 6000, 78}).has_value());
   EXPECT_EQ(store_.durable(), store_.applied()) << "fsync's report must be synced";
-  EXPECT_EQ(store_.sync_soon_calls(), 1u);
+  EXPECT_EQ(store_.sync_soon_calls(), soon + 1);
+}
+
+// A change that could not be handed to the kernel (the WAL write failed) is not acknowledged:
+// the create, the unlink and the close's report answer kIo.
+TEST_F(NamespaceGroupCommitTest, AChangeTheStoreCouldNotHandOverIsAnError) {
+  auto a = create("a");  // the first create after a start syncs, and so does not hand over
+  ASSERT_TRUE(a.has_value()) << a.error().to_string();
+  store_.fail_soon_ = true;
+  EXPECT_EQ(svc_->report_size_at_close(pm::ReportSizeReq{a->attr.ino, 5000, 77}).status().code(), Code::kIo);
+  EXPECT_EQ(create("b").status().code(), Code::kIo);
+  EXPECT_EQ(svc_->unlink(pm::NameReq{kRootInode, "a"}).code(), Code::kIo);
+  store_.fail_soon_ = false;
+  EXPECT_TRUE(create("c").has_value());
 }
 
 TEST_F(NamespaceGroupCommitTest, NamespaceLockIsFreeWhileASyncRuns) {
