@@ -13,6 +13,7 @@ namespace penstock::meta {
 namespace {
 
 using testing::MemoryBackend;
+using testing::CachedRocksBackend;
 using testing::RocksBackend;
 
 // Records every Remove; fails the targets listed in fail_targets.
@@ -83,7 +84,7 @@ class GcTest : public ::testing::Test {
   int64_t now_ = 1'000'000'000'000;
 };
 
-using Backends = ::testing::Types<MemoryBackend, RocksBackend>;
+using Backends = ::testing::Types<MemoryBackend, RocksBackend, CachedRocksBackend>;
 TYPED_TEST_SUITE(GcTest, Backends);
 
 TYPED_TEST(GcTest, ChunksAreRemovedOnceAfterTheLastClose) {

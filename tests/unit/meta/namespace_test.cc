@@ -12,6 +12,7 @@ namespace penstock::meta {
 namespace {
 
 using testing::MemoryBackend;
+using testing::CachedRocksBackend;
 using testing::RocksBackend;
 
 constexpr int64_t kStart = 1'700'000'000'000'000'000;
@@ -110,7 +111,7 @@ class NamespaceTest : public ::testing::Test {
   int64_t now_ = kStart;
 };
 
-using Backends = ::testing::Types<MemoryBackend, RocksBackend>;
+using Backends = ::testing::Types<MemoryBackend, RocksBackend, CachedRocksBackend>;
 TYPED_TEST_SUITE(NamespaceTest, Backends);
 
 TYPED_TEST(NamespaceTest, RootDirectoryExists) {

@@ -1,5 +1,9 @@
+#include <functional>
+#include <thread>
+
 #include <gtest/gtest.h>
 
+#include "server/meta/cached_store.h"
 #include "server/meta/rocksdb_store.h"
 #include "server/meta/schema.h"
 #include "server/meta/store.h"
@@ -9,6 +13,7 @@ namespace penstock::meta {
 namespace {
 
 using testing::MemoryBackend;
+using testing::CachedRocksBackend;
 using testing::RocksBackend;
 
 template <class B>
@@ -18,7 +23,7 @@ class StoreTest : public ::testing::Test {
   std::shared_ptr<Store> store_ = backend_.open();
 };
 
-using Backends = ::testing::Types<MemoryBackend, RocksBackend>;
+using Backends = ::testing::Types<MemoryBackend, RocksBackend, CachedRocksBackend>;
 TYPED_TEST_SUITE(StoreTest, Backends);
 
 std::vector<std::string> scan_keys(Store& s, std::string_view prefix, std::string_view seek, size_t limit = SIZE_MAX) {
@@ -153,6 +158,168 @@ TEST(SchemaTest, DamagedRecordIsCorruptNotACrash) {
   auto ok = schema::decode_record<schema::U64Record>(schema::encode_record(schema::U64Record{7}), "c/x");
   ASSERT_TRUE(ok.has_value());
   EXPECT_EQ(ok->value, 7u);
+}
+
+// ---- CachedStore ----
+
+// A MemoryStore that counts gets and runs a hook inside get (after the read) and apply (before
+// the write), so a test can hold either one while another thread acts.
+class HookedStore final : public Store {
+ public:
+  Result<std::optional<std::string>> get(std::string_view key) override {
+    ++gets;
+    auto r = mem.get(key);
+    if (after_get) after_get();
+    return r;
+  }
+  Status apply(const WriteBatch& batch) override {
+    if (before_apply) before_apply();
+    return mem.apply(batch);
+  }
+  Status sync() override { return mem.sync(); }
+  Status scan(std::string_view prefix, std::string_view seek, const ScanFn& fn) override {
+    return mem.scan(prefix, seek, fn);
+  }
+  std::string describe() const override { return "hooked memory"; }
+
+  MemoryStore mem;
+  std::atomic<int> gets{0};
+  std::function<void()> after_get;
+  std::function<void()> before_apply;
+};
+
+CachedStoreOptions cache_options(size_t capacity = 1 << 20) {
+  CachedStoreOptions o;
+  o.capacity_bytes = capacity;
+  o.prefixes = {"i/", "d/"};
+  return o;
+}
+
+Status put(Store& s, const std::string& key, const std::string& value) {
+  WriteBatch b;
+  b.put(key, value);
+  return s.apply(b);
+}
+
+std::optional<std::string> value_of(Store& s, std::string_view key) {
+  auto r = s.get(key);
+  EXPECT_TRUE(r.has_value());
+  return r.has_value() ? *r : std::nullopt;
+}
+
+TEST(CachedStoreTest, ReadsARecordOnceThenFromMemoryAbsentOnesToo) {
+  HookedStore inner;
+  CachedStore cache(&inner, cache_options());
+  ASSERT_OK(put(cache, "i/1", "one"));
+  EXPECT_EQ(value_of(cache, "i/1"), "one");
+  EXPECT_EQ(value_of(cache, "i/1"), "one");
+  EXPECT_EQ(value_of(cache, "d/free"), std::nullopt);
+  EXPECT_EQ(value_of(cache, "d/free"), std::nullopt);
+  EXPECT_EQ(inner.gets.load(), 2);
+  EXPECT_EQ(cache.hits(), 2u);
+  EXPECT_EQ(cache.misses(), 2u);
+  EXPECT_GT(cache.bytes(), 0u);
+}
+
+TEST(CachedStoreTest, AWriteReplacesWhatWasCached) {
+  HookedStore inner;
+  CachedStore cache(&inner, cache_options());
+  ASSERT_OK(put(cache, "i/1", "one"));
+  EXPECT_EQ(value_of(cache, "i/1"), "one");
+  EXPECT_EQ(value_of(cache, "d/x"), std::nullopt);
+  WriteBatch b;
+  b.put("i/1", "two");
+  b.put("d/x", "now here");
+  ASSERT_OK(cache.apply(b));
+  EXPECT_EQ(value_of(cache, "i/1"), "two");
+  EXPECT_EQ(value_of(cache, "d/x"), "now here");
+  WriteBatch d;
+  d.del("i/1");
+  ASSERT_OK(cache.apply(d));
+  EXPECT_EQ(value_of(cache, "i/1"), std::nullopt);
+  EXPECT_EQ(value_of(cache, "d/x"), "now here");
+}
+
+TEST(CachedStoreTest, KeysOutsideThePrefixesAreNotCached) {
+  HookedStore inner;
+  CachedStore cache(&inner, cache_options());
+  ASSERT_OK(put(cache, "o/1", "open"));
+  EXPECT_EQ(value_of(cache, "o/1"), "open");
+  EXPECT_EQ(value_of(cache, "o/1"), "open");
+  EXPECT_EQ(inner.gets.load(), 2);
+  EXPECT_EQ(cache.hits() + cache.misses(), 0u);
+}
+
+TEST(CachedStoreTest, ZeroCapacityCachesNothing) {
+  HookedStore inner;
+  CachedStore cache(&inner, cache_options(0));
+  ASSERT_OK(put(cache, "i/1", "one"));
+  EXPECT_EQ(value_of(cache, "i/1"), "one");
+  EXPECT_EQ(value_of(cache, "i/1"), "one");
+  EXPECT_EQ(inner.gets.load(), 2);
+  EXPECT_EQ(cache.bytes(), 0u);
+}
+
+// A miss that read the old value before a write landed must not cache it after the write.
+TEST(CachedStoreTest, AReadOvertakenByAWriteCachesNothingStale) {
+  HookedStore inner;
+  CachedStore cache(&inner, cache_options());
+  ASSERT_OK(put(cache, "i/1", "old"));
+  std::atomic<bool> held{true}, read_done{false}, write_done{false};
+  inner.after_get = [&] {
+    if (!held.exchange(false)) return;  // only the reader's get waits
+    read_done = true;
+    while (!write_done) std::this_thread::yield();
+  };
+  std::thread reader([&] { EXPECT_EQ(value_of(cache, "i/1"), "old"); });
+  while (!read_done) std::this_thread::yield();
+  ASSERT_OK(put(cache, "i/1", "new"));
+  write_done = true;
+  reader.join();
+  inner.after_get = nullptr;
+  EXPECT_EQ(value_of(cache, "i/1"), "new");
+}
+
+// A read while a write of the same key is in flight (not yet in the inner store) must not cache
+// what it read: the write lands right after.
+TEST(CachedStoreTest, AReadDuringAWriteOfItsKeyCachesNothing) {
+  HookedStore inner;
+  CachedStore cache(&inner, cache_options());
+  ASSERT_OK(put(cache, "i/1", "old"));
+  EXPECT_EQ(value_of(cache, "i/1"), "old");
+  std::atomic<bool> writing{false}, read_done{false};
+  inner.before_apply = [&] {
+    writing = true;
+    while (!read_done) std::this_thread::yield();
+  };
+  std::thread writer([&] { ASSERT_OK(put(cache, "i/1", "new")); });
+  while (!writing) std::this_thread::yield();
+  EXPECT_EQ(value_of(cache, "i/1"), "old");  // the write has not reached the inner store yet
+  read_done = true;
+  writer.join();
+  inner.before_apply = nullptr;
+  EXPECT_EQ(value_of(cache, "i/1"), "new");
+}
+
+TEST(CachedStoreTest, StaysWithinItsCapacityAndStillAnswersRight) {
+  HookedStore inner;
+  const size_t capacity = 16 * 1024;
+  CachedStore cache(&inner, cache_options(capacity));
+  WriteBatch b;
+  for (int i = 0; i < 2000; ++i) b.put(testing::numbered("i/", i), std::string(100, static_cast<char>('a' + i % 26)));
+  ASSERT_OK(cache.apply(b));
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 2000; ++i) {
+      ASSERT_EQ(value_of(cache, testing::numbered("i/", i)), std::string(100, static_cast<char>('a' + i % 26)));
+    }
+  }
+  EXPECT_LE(cache.bytes(), capacity);
+  EXPECT_GT(cache.bytes(), capacity / 4);
+  EXPECT_GT(inner.gets.load(), 2000);  // the second round missed what was evicted
+  // The last key read is the most recently used one: still cached.
+  const int before = inner.gets.load();
+  EXPECT_TRUE(value_of(cache, testing::numbered("i/", 1999)).has_value());
+  EXPECT_EQ(inner.gets.load(), before);
 }
 
 }  // namespace

@@ -10,7 +10,9 @@
 
 #include <gtest/gtest.h>
 
+#include "server/meta/cached_store.h"
 #include "server/meta/rocksdb_store.h"
+#include "server/meta/schema.h"
 #include "server/meta/store.h"
 
 namespace penstock::meta::testing {
@@ -54,6 +56,22 @@ struct RocksBackend {
       return nullptr;
     }
     return std::shared_ptr<Store>(std::move(s).value().release());
+  }
+};
+
+// RocksDB behind penstock-meta's record cache (inode and directory-entry records), as the daemon
+// runs it, with a small capacity so that the suites also evict.
+struct CachedRocksBackend {
+  static constexpr bool kDurable = true;
+  RocksBackend rocks;
+  std::shared_ptr<Store> open() {
+    std::shared_ptr<Store> inner = rocks.open();
+    if (inner == nullptr) return nullptr;
+    CachedStoreOptions options;
+    options.capacity_bytes = 64 << 10;
+    options.prefixes = {std::string(schema::kInodePrefix), std::string(schema::kDentryPrefix)};
+    // The cache goes first, then the database it borrows (the deleter holds the last reference).
+    return std::shared_ptr<Store>(new CachedStore(inner.get(), options), [inner](CachedStore* c) { delete c; });
   }
 };
 
