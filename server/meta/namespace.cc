@@ -275,13 +275,15 @@ Status MetaService::load() {
     rec.parent = kRootInode;
     batch.put(schema::inode_key(kRootInode), schema::encode_record(rec));
     ino_batch_end_ = kRootInode.value + 1;
-    batch.put(std::string(schema::kNextInode), u64_record(ino_batch_end_));
     used_inodes_ = 1;
     batch.put(std::string(schema::kUsedInodes), u64_record(used_inodes_));
     PENSTOCK_LOG(Info) << "created the root directory in " << store_->describe();
   }
-  // Numbers below the persisted batch end may have been handed out before a crash: skip them all.
+  // Numbers below the persisted batch end may have been handed out before a crash: skip them all,
+  // and reserve the first batch of this run in the synced batch below.
   next_ino_ = ino_batch_end_;
+  ino_batch_end_ = next_ino_ + options_.inode_batch;
+  batch.put(std::string(schema::kNextInode), u64_record(ino_batch_end_));
 
   PENSTOCK_RETURN_IF_ERROR(store_->scan(schema::kSessionPrefix, "", [&](std::string_view key, std::string_view) {
     if (key.size() == schema::kSessionPrefix.size() + 8) {
@@ -333,6 +335,7 @@ Status MetaService::load() {
   // version.
   PENSTOCK_RETURN_IF_ERROR(bump_map_version(&batch));
   PENSTOCK_RETURN_IF_ERROR(store_->write(batch));
+  ino_synced_end_ = ino_batch_end_.load();
   PENSTOCK_LOG(Info) << "metadata loaded: " << used_inodes_ << " inodes, " << sessions_.size() << " sessions, "
                      << nodes_.size() << " nodes, " << targets_.size() << " targets, map version " << map_version_;
   return Status::ok();
@@ -364,15 +367,44 @@ void MetaService::notify_gc(bool queued) {
   if (fn) fn();
 }
 
-Result<InodeId> MetaService::allocate_inode() {
-  if (next_ino_ >= ino_batch_end_) {
-    // Persist the end of the new batch before handing out any number of it.
-    uint64_t end = next_ino_ + options_.inode_batch;
-    WriteBatch batch;
-    batch.put(std::string(schema::kNextInode), u64_record(end));
-    PENSTOCK_RETURN_IF_ERROR(store_->apply(batch).with_context("reserve inode numbers"));
-    ino_batch_end_ = end;
+Status MetaService::apply_inode_reservation(uint64_t end) {
+  WriteBatch batch;
+  batch.put(std::string(schema::kNextInode), u64_record(end));
+  PENSTOCK_RETURN_IF_ERROR(store_->apply(batch).with_context("reserve inode numbers"));
+  ino_batch_end_.store(end, std::memory_order_release);
+  return Status::ok();
+}
+
+void MetaService::raise_ino_synced_end(uint64_t end) {
+  uint64_t cur = ino_synced_end_.load(std::memory_order_relaxed);
+  while (cur < end && !ino_synced_end_.compare_exchange_weak(cur, end, std::memory_order_relaxed)) {
   }
+}
+
+Status MetaService::reserve_inode_numbers() {
+  for (;;) {
+    uint64_t reserved = 0;
+    {
+      std::lock_guard lock(mu_);
+      const uint64_t synced = ino_synced_end_.load(std::memory_order_relaxed);
+      if (next_ino_ < synced) {
+        // Half a batch before its end, reserve the next one: some sync (a sync_soon's within
+        // --close-sync-ms, any waiting mutation's) covers it before it is needed.
+        if (next_ino_ + options_.inode_batch / 2 >= synced && ino_batch_end_ == synced) {
+          PENSTOCK_RETURN_IF_ERROR(apply_inode_reservation(synced + options_.inode_batch));
+        }
+        return Status::ok();
+      }
+      if (ino_batch_end_ <= next_ino_) PENSTOCK_RETURN_IF_ERROR(apply_inode_reservation(next_ino_ + options_.inode_batch));
+      reserved = ino_batch_end_;
+    }
+    PENSTOCK_RETURN_IF_ERROR(store_->sync().with_context("sync the reservation of inode numbers"));
+    raise_ino_synced_end(reserved);
+  }
+}
+
+std::optional<InodeId> MetaService::allocate_inode() {
+  if (next_ino_ >= ino_synced_end_.load(std::memory_order_relaxed)) return std::nullopt;
   return InodeId(next_ino_++);
 }
 
@@ -584,8 +616,8 @@ Result<pm::LayoutResp> MetaService::get_layout(const pm::InodeReq& req) {
 
 Result<pm::AttrResp> MetaService::make_node_applied(InodeId parent_ino, const std::string& name, uint32_t mode,
                                             uint64_t rdev, const proto::Caller& caller, SessionId session,
-                                            const std::string& symlink_target, uint64_t* unsynced_batch_end) {
-  *unsynced_batch_end = 0;
+                                            const std::string& symlink_target, bool* out_of_numbers) {
+  *out_of_numbers = false;
   PENSTOCK_RETURN_IF_ERROR(validate_name(name));
   std::lock_guard lock(mu_);
   int64_t now = options_.now();
@@ -611,8 +643,12 @@ Result<pm::AttrResp> MetaService::make_node_applied(InodeId parent_ino, const st
     rec.attr.layout.chunk_size = parent->attr.layout.chunk_size;
     rec.attr.layout.stripe_count = parent->attr.layout.stripe_count;
   }
-  PENSTOCK_ASSIGN_OR_RETURN(InodeId ino, allocate_inode());
-  if (ino.value >= ino_synced_end_) *unsynced_batch_end = ino_batch_end_;
+  std::optional<InodeId> allocated = allocate_inode();
+  if (!allocated.has_value()) {
+    *out_of_numbers = true;  // other creates took the synced numbers since reserve_inode_numbers()
+    return Status(Code::kBusy, "no inode number from a synced reservation left");
+  }
+  const InodeId ino = *allocated;
   rec.attr.ino = ino;
   rec.attr.mode = type | (mode & 07777);
   rec.attr.uid = caller.uid;
@@ -1383,8 +1419,10 @@ Result<std::string> MetaService::target_address(TargetId target) {
 
 template <class T>
 T MetaService::durable(T result) {
+  const uint64_t reserved = ino_batch_end_.load(std::memory_order_acquire);  // applied before the sync starts
   Status st = store_->sync();
   if (!st.is_ok()) return st;
+  raise_ino_synced_end(reserved);
   return result;
 }
 
@@ -1402,18 +1440,14 @@ Status MetaService::close_session(const pm::SessionReq& req) { return durable(cl
 Result<pm::AttrResp> MetaService::make_node(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
                                             const proto::Caller& caller, SessionId session,
                                             const std::string& symlink_target) {
-  uint64_t unsynced_batch_end = 0;
-  auto r = make_node_applied(parent, name, mode, rdev, caller, session, symlink_target, &unsynced_batch_end);
-  if (!r.has_value()) return durable(std::move(r));
-  if (unsynced_batch_end != 0) {
-    r = durable(std::move(r));
-    if (r.has_value()) {
-      std::lock_guard lock(mu_);
-      ino_synced_end_ = std::max(ino_synced_end_, unsynced_batch_end);
-    }
-    return r;
+  for (;;) {
+    PENSTOCK_RETURN_IF_ERROR(reserve_inode_numbers());
+    bool out_of_numbers = false;
+    auto r = make_node_applied(parent, name, mode, rdev, caller, session, symlink_target, &out_of_numbers);
+    if (out_of_numbers) continue;
+    if (!r.has_value()) return durable(std::move(r));
+    return handed(std::move(r));
   }
-  return handed(std::move(r));
 }
 Status MetaService::unlink(const pm::NameReq& req) {
   Status st = unlink_applied(req);

@@ -17,11 +17,13 @@
 // it and read the store directly.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -199,12 +201,11 @@ class MetaService {
   // or hands the batch to the kernel (handed()) for the changes answered before a sync.
   Result<pm::RegisterSessionResp> register_session_applied(const pm::RegisterSessionReq& req);
   Status close_session_applied(const pm::SessionReq& req);
-  // *unsynced_batch_end: 0 when the new inode's number lies in an allocation batch whose
-  // reservation is known durable, else the batch's end, which the caller marks durable once it
-  // has synced (ino_synced_end_).
+  // *out_of_numbers: no number below ino_synced_end_ was left (other creates took them since
+  // reserve_inode_numbers()); nothing was applied, the caller reserves again and retries.
   Result<pm::AttrResp> make_node_applied(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
                                          const proto::Caller& caller, SessionId session,
-                                         const std::string& symlink_target, uint64_t* unsynced_batch_end);
+                                         const std::string& symlink_target, bool* out_of_numbers);
   Status unlink_applied(const pm::NameReq& req);
   Status rmdir_applied(const pm::NameReq& req);
   Status rename_applied(const pm::RenameReq& req);
@@ -230,13 +231,23 @@ class MetaService {
   // it, a sync follows within --close-sync-ms); then `result`, or the error when it could not.
   template <class T>
   T handed(T result);
-  // make_node_applied, then sync_soon() (or durable() for an error, or for a number from a batch
-  // not yet known durable). docs/meta-store.md "Durability".
+  // reserve_inode_numbers(), make_node_applied, then sync_soon() (durable() for an error).
+  // docs/meta-store.md "Durability".
   Result<pm::AttrResp> make_node(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
                                  const proto::Caller& caller, SessionId session, const std::string& symlink_target);
 
+  // Without mu_: returns once the next inode number lies below ino_synced_end_, applying a new
+  // reservation and waiting for a sync (not under mu_) when it does not; half a batch before the
+  // end it applies the next reservation without waiting, so the sync is rarely needed then.
+  Status reserve_inode_numbers();
+  // Records that a completed sync covered reservations up to `end`.
+  void raise_ino_synced_end(uint64_t end);
+
   // All REQUIRE mu_ held.
-  Result<InodeId> allocate_inode();
+  // The next number below ino_synced_end_, or nullopt when there is none.
+  std::optional<InodeId> allocate_inode();
+  // Applies (does not sync) the reservation of every number below `end`.
+  Status apply_inode_reservation(uint64_t end);
   Result<std::vector<ChainId>> pick_chains(uint32_t stripe_count, uint32_t* seed);
   Status drop_link(Txn& txn, schema::InodeRecord& rec, int64_t now, bool* queued_gc);
   Status finalize_inode(Txn& txn, const schema::InodeRecord& rec, int64_t now, bool* queued_gc);
@@ -253,12 +264,14 @@ class MetaService {
   // locks. It serializes every mutation (so a read-check-write batch never races another) and
   // guards all in-memory state below. Never held across a network wait, nor across a WAL sync.
   std::mutex mu_;
-  uint64_t next_ino_ = 0;       // next inode number to hand out
-  uint64_t ino_batch_end_ = 0;  // persisted: numbers below this may have been handed out
-  // Numbers below this lie in a batch whose reservation a completed sync covered: a create using
-  // one may be acknowledged before its own sync, as a power loss can then lose the create but
-  // never hand its number out again. 0 after a start: the first create syncs.
-  uint64_t ino_synced_end_ = 0;
+  uint64_t next_ino_ = 0;  // next inode number to hand out
+  // Applied reservation: numbers below it may have been handed out. Written under mu_, read by
+  // durable() without it.
+  std::atomic<uint64_t> ino_batch_end_{0};
+  // Numbers below this lie in a reservation a completed sync covered; only they are handed out,
+  // so no create is visible, or answered, with a number a crash could hand out again. Raised
+  // under mu_ or by a completed sync (atomic max).
+  std::atomic<uint64_t> ino_synced_end_{0};
   uint64_t next_session_ = 1;
   uint64_t next_node_ = 1;
   uint64_t next_target_ = 1;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -331,10 +332,11 @@ class NamespaceGroupCommitTest : public ::testing::Test {
 
 TEST_F(NamespaceGroupCommitTest, MutationIsAcknowledgedOnlyAfterASyncCoveringIt) {
   uint64_t before = store_.applied();
-  // The first create after a start takes a number from a batch no sync covered yet: it syncs.
+  // A create takes a number the start's synced reservation covers: answered before a sync.
   ASSERT_TRUE(create("a").has_value());
   EXPECT_GT(store_.applied(), before);
-  EXPECT_EQ(store_.durable(), store_.applied());
+  EXPECT_LT(store_.durable(), store_.applied());
+  // A rename waits for a sync that covers it (and the create before it).
   ASSERT_OK(svc_->rename(pm::RenameReq{kRootInode, "a", kRootInode, "c", 0, SessionId()}));
   EXPECT_EQ(store_.durable(), store_.applied());
   // A later create and an unlink are handed to the WAL (sync_soon) and answered before a sync.
@@ -401,7 +403,7 @@ TEST_F(NamespaceGroupCommitTest, SizeReportedAtCloseIsVisibleAtOnceAndSyncedSoon
 // A change that could not be handed to the kernel (the WAL write failed) is not acknowledged:
 // the create, the unlink and the close's report answer kIo.
 TEST_F(NamespaceGroupCommitTest, AChangeTheStoreCouldNotHandOverIsAnError) {
-  auto a = create("a");  // the first create after a start syncs, and so does not hand over
+  auto a = create("a");
   ASSERT_TRUE(a.has_value()) << a.error().to_string();
   store_.fail_soon_ = true;
   EXPECT_EQ(svc_->report_size_at_close(pm::ReportSizeReq{a->attr.ino, 5000, 77}).status().code(), Code::kIo);
@@ -412,9 +414,10 @@ TEST_F(NamespaceGroupCommitTest, AChangeTheStoreCouldNotHandOverIsAnError) {
 }
 
 TEST_F(NamespaceGroupCommitTest, NamespaceLockIsFreeWhileASyncRuns) {
-  // The first create's sync is held until a second create has applied its batch. Were the
-  // namespace mutex held across the sync, the second create could never apply (the hold gives up
-  // after 20 s and the test fails).
+  // A rename's sync is held until a create has applied its batch. Were the namespace mutex held
+  // across the sync, the create could never apply (the hold gives up after 20 s and the test
+  // fails).
+  ASSERT_TRUE(create("zero").has_value());
   std::atomic<bool> first{true};
   std::atomic<bool> saw_second{false};
   store_.hold_ = [&] {
@@ -422,13 +425,53 @@ TEST_F(NamespaceGroupCommitTest, NamespaceLockIsFreeWhileASyncRuns) {
     uint64_t at = store_.applied();
     saw_second = eventually([&] { return store_.applied() > at; });
   };
-  std::thread t1([&] { EXPECT_TRUE(create("one").has_value()); });
+  std::thread t1([&] { ASSERT_OK(svc_->rename(pm::RenameReq{kRootInode, "zero", kRootInode, "one", 0, SessionId()})); });
   ASSERT_TRUE(eventually([&] { return !first.load(); }));
   std::thread t2([&] { EXPECT_TRUE(create("two").has_value()); });
   t1.join();
   t2.join();
   EXPECT_TRUE(saw_second.load());
-  EXPECT_EQ(store_.durable(), store_.applied());
+}
+
+// Inode numbers: a create is applied (visible to every client) only with a number whose
+// reservation a completed sync covers, so a crash never hands out again a number some client
+// has seen. When the synced numbers run out, the next create syncs the reservation first and
+// applies its own batch after; meanwhile its name is not visible.
+TEST(NamespaceInodeReservation, NoCreateIsVisibleBeforeTheReservationOfItsNumberIsSynced) {
+  RecordingStore store;
+  MetaOptions o;
+  o.seed = 7;
+  o.inode_batch = 2;
+  auto opened = MetaService::open(&store, o);
+  ASSERT_TRUE(opened.has_value()) << opened.error().to_string();
+  MetaService& svc = **opened;
+  const proto::Caller caller{1000, 100};
+  auto mkdir = [&](const std::string& name) { return svc.mkdir(pm::MkdirReq{kRootInode, name, 0755, caller}); };
+  // The start synced a reservation of 2 numbers; the second create applies the next one ahead.
+  ASSERT_TRUE(mkdir("a").has_value());
+  ASSERT_TRUE(mkdir("b").has_value());
+  const uint64_t durable_before = store.durable();
+  EXPECT_LT(durable_before, store.applied()) << "the creates waited for a sync";
+  // "c" needs a number beyond the synced reservation: the sync comes before its batch.
+  std::atomic<int> holds{0};
+  store.hold_ = [&] {
+    if (holds.fetch_add(1) != 0) return;
+    EXPECT_CODE(svc.lookup(pm::LookupReq{kRootInode, "c", SessionId()}), Code::kNotFound)
+        << "a create was visible before the reservation of its number was synced";
+  };
+  auto c = mkdir("c");
+  ASSERT_TRUE(c.has_value()) << c.error().to_string();
+  EXPECT_EQ(holds.load(), 1);
+  EXPECT_TRUE(svc.lookup(pm::LookupReq{kRootInode, "c", SessionId()}).has_value());
+  EXPECT_LT(store.durable(), store.applied()) << "c's own batch is handed over, not synced";
+  // Every number handed out is distinct and lies below the synced reservation.
+  std::set<uint64_t> numbers;
+  for (const char* name : {"a", "b", "c"}) {
+    auto r = svc.lookup(pm::LookupReq{kRootInode, name, SessionId()});
+    ASSERT_TRUE(r.has_value());
+    numbers.insert(r->attr.ino.value);
+  }
+  EXPECT_EQ(numbers.size(), 3u);
 }
 
 }  // namespace
