@@ -7,8 +7,9 @@ namespace penstock::meta {
 namespace {
 // Shards: enough that the meta server's worker threads rarely meet on one mutex.
 constexpr size_t kShards = 16;
-// What an entry costs beyond its key and value bytes: list node, index slot, string headers.
-constexpr size_t kEntryOverhead = 128;
+// What an entry costs beyond its key and value bytes: the list node (two pointers, two strings'
+// headers, the optional's flag: ~96), the index node and its bucket (~56), allocator slack.
+constexpr size_t kEntryOverhead = 192;
 }  // namespace
 
 CachedStore::CachedStore(Store* inner, CachedStoreOptions options)

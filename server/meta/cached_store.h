@@ -55,6 +55,8 @@ class CachedStore final : public Store {
     return inner_->scan(prefix, seek, fn);
   }
   std::string describe() const override { return inner_->describe(); }
+  uint64_t applied_ticket() const override { return inner_->applied_ticket(); }
+  bool covered_by_sync(uint64_t ticket) const override { return inner_->covered_by_sync(ticket); }
 
   // Counters for logs and tests: cached reads answered from memory and from the inner store.
   uint64_t hits() const { return hits_.load(std::memory_order_relaxed); }
@@ -71,7 +73,7 @@ class CachedStore final : public Store {
     std::string key;
     std::optional<std::string> value;
   };
-  struct Shard {
+  struct alignas(64) Shard {  // one cache line each: threads on different shards do not meet
     mutable std::mutex mu;  // leaf lock: never held while calling the inner store
     std::list<Entry> lru;   // most recently used first
     std::unordered_map<std::string_view, std::list<Entry>::iterator, StringHash, std::equal_to<>> index;
@@ -91,8 +93,8 @@ class CachedStore final : public Store {
   CachedStoreOptions options_;
   size_t shard_capacity_;
   std::vector<Shard> shards_;
-  std::atomic<uint64_t> hits_{0};
-  std::atomic<uint64_t> misses_{0};
+  alignas(64) std::atomic<uint64_t> hits_{0};
+  alignas(64) std::atomic<uint64_t> misses_{0};
 };
 
 }  // namespace penstock::meta

@@ -372,6 +372,7 @@ Status MetaService::apply_inode_reservation(uint64_t end) {
   batch.put(std::string(schema::kNextInode), u64_record(end));
   PENSTOCK_RETURN_IF_ERROR(store_->apply(batch).with_context("reserve inode numbers"));
   ino_batch_end_.store(end, std::memory_order_release);
+  ino_reservation_ticket_ = store_->applied_ticket();  // this batch's, or a later one's
   return Status::ok();
 }
 
@@ -381,31 +382,38 @@ void MetaService::raise_ino_synced_end(uint64_t end) {
   }
 }
 
-Status MetaService::reserve_inode_numbers() {
+Result<InodeId> MetaService::take_inode_number() {
   for (;;) {
     uint64_t reserved = 0;
     {
       std::lock_guard lock(mu_);
-      const uint64_t synced = ino_synced_end_.load(std::memory_order_relaxed);
+      uint64_t synced = ino_synced_end_.load(std::memory_order_relaxed);
+      // An early reservation some sync has covered meanwhile (the delayed sync creates ask for,
+      // any waiting mutation's): its numbers are safe to hand out.
+      if (ino_batch_end_ > synced && store_->covered_by_sync(ino_reservation_ticket_)) {
+        raise_ino_synced_end(ino_batch_end_);
+        synced = ino_synced_end_.load(std::memory_order_relaxed);
+      }
       if (next_ino_ < synced) {
-        // Half a batch before its end, reserve the next one: some sync (a sync_soon's within
-        // --close-sync-ms, any waiting mutation's) covers it before it is needed.
+        // Half a batch before its end, reserve the next one without waiting: a sync covers it
+        // before it is needed. A failure here is retried by the next create.
         if (next_ino_ + options_.inode_batch / 2 >= synced && ino_batch_end_ == synced) {
-          PENSTOCK_RETURN_IF_ERROR(apply_inode_reservation(synced + options_.inode_batch));
+          Status st = apply_inode_reservation(synced + options_.inode_batch);
+          if (!st.is_ok()) {
+            PENSTOCK_LOG(Warn) << "early reservation of inode numbers failed (the next create retries it): "
+                               << st.to_string();
+          }
         }
-        return Status::ok();
+        return InodeId(next_ino_++);
       }
       if (ino_batch_end_ <= next_ino_) PENSTOCK_RETURN_IF_ERROR(apply_inode_reservation(next_ino_ + options_.inode_batch));
       reserved = ino_batch_end_;
     }
+    // Out of synced numbers (rare: the early reservation was not synced yet): sync it now,
+    // without the namespace mutex, then take a number.
     PENSTOCK_RETURN_IF_ERROR(store_->sync().with_context("sync the reservation of inode numbers"));
     raise_ino_synced_end(reserved);
   }
-}
-
-std::optional<InodeId> MetaService::allocate_inode() {
-  if (next_ino_ >= ino_synced_end_.load(std::memory_order_relaxed)) return std::nullopt;
-  return InodeId(next_ino_++);
 }
 
 bool MetaService::session_alive(SessionId s) {
@@ -616,8 +624,7 @@ Result<pm::LayoutResp> MetaService::get_layout(const pm::InodeReq& req) {
 
 Result<pm::AttrResp> MetaService::make_node_applied(InodeId parent_ino, const std::string& name, uint32_t mode,
                                             uint64_t rdev, const proto::Caller& caller, SessionId session,
-                                            const std::string& symlink_target, bool* out_of_numbers) {
-  *out_of_numbers = false;
+                                            const std::string& symlink_target, InodeId ino) {
   PENSTOCK_RETURN_IF_ERROR(validate_name(name));
   std::lock_guard lock(mu_);
   int64_t now = options_.now();
@@ -643,12 +650,6 @@ Result<pm::AttrResp> MetaService::make_node_applied(InodeId parent_ino, const st
     rec.attr.layout.chunk_size = parent->attr.layout.chunk_size;
     rec.attr.layout.stripe_count = parent->attr.layout.stripe_count;
   }
-  std::optional<InodeId> allocated = allocate_inode();
-  if (!allocated.has_value()) {
-    *out_of_numbers = true;  // other creates took the synced numbers since reserve_inode_numbers()
-    return Status(Code::kBusy, "no inode number from a synced reservation left");
-  }
-  const InodeId ino = *allocated;
   rec.attr.ino = ino;
   rec.attr.mode = type | (mode & 07777);
   rec.attr.uid = caller.uid;
@@ -1440,14 +1441,11 @@ Status MetaService::close_session(const pm::SessionReq& req) { return durable(cl
 Result<pm::AttrResp> MetaService::make_node(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
                                             const proto::Caller& caller, SessionId session,
                                             const std::string& symlink_target) {
-  for (;;) {
-    PENSTOCK_RETURN_IF_ERROR(reserve_inode_numbers());
-    bool out_of_numbers = false;
-    auto r = make_node_applied(parent, name, mode, rdev, caller, session, symlink_target, &out_of_numbers);
-    if (out_of_numbers) continue;
-    if (!r.has_value()) return durable(std::move(r));
-    return handed(std::move(r));
-  }
+  // A number taken for a create that then fails (the name exists, ...) is skipped.
+  PENSTOCK_ASSIGN_OR_RETURN(InodeId ino, take_inode_number());
+  auto r = make_node_applied(parent, name, mode, rdev, caller, session, symlink_target, ino);
+  if (!r.has_value()) return durable(std::move(r));
+  return handed(std::move(r));
 }
 Status MetaService::unlink(const pm::NameReq& req) {
   Status st = unlink_applied(req);

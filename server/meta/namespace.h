@@ -201,11 +201,10 @@ class MetaService {
   // or hands the batch to the kernel (handed()) for the changes answered before a sync.
   Result<pm::RegisterSessionResp> register_session_applied(const pm::RegisterSessionReq& req);
   Status close_session_applied(const pm::SessionReq& req);
-  // *out_of_numbers: no number below ino_synced_end_ was left (other creates took them since
-  // reserve_inode_numbers()); nothing was applied, the caller reserves again and retries.
+  // `ino`: the new inode's number, from take_inode_number().
   Result<pm::AttrResp> make_node_applied(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
                                          const proto::Caller& caller, SessionId session,
-                                         const std::string& symlink_target, bool* out_of_numbers);
+                                         const std::string& symlink_target, InodeId ino);
   Status unlink_applied(const pm::NameReq& req);
   Status rmdir_applied(const pm::NameReq& req);
   Status rename_applied(const pm::RenameReq& req);
@@ -231,21 +230,20 @@ class MetaService {
   // it, a sync follows within --close-sync-ms); then `result`, or the error when it could not.
   template <class T>
   T handed(T result);
-  // reserve_inode_numbers(), make_node_applied, then sync_soon() (durable() for an error).
+  // take_inode_number(), make_node_applied, then sync_soon() (durable() for an error).
   // docs/meta-store.md "Durability".
   Result<pm::AttrResp> make_node(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
                                  const proto::Caller& caller, SessionId session, const std::string& symlink_target);
 
-  // Without mu_: returns once the next inode number lies below ino_synced_end_, applying a new
-  // reservation and waiting for a sync (not under mu_) when it does not; half a batch before the
-  // end it applies the next reservation without waiting, so the sync is rarely needed then.
-  Status reserve_inode_numbers();
+  // Without mu_: the next inode number, always below ino_synced_end_. Half a batch before the
+  // synced numbers run out it applies the next reservation without waiting, and counts it synced
+  // once the store says a sync covered it; should the numbers still run out, it syncs the
+  // reservation (not under mu_) first.
+  Result<InodeId> take_inode_number();
   // Records that a completed sync covered reservations up to `end`.
   void raise_ino_synced_end(uint64_t end);
 
   // All REQUIRE mu_ held.
-  // The next number below ino_synced_end_, or nullopt when there is none.
-  std::optional<InodeId> allocate_inode();
   // Applies (does not sync) the reservation of every number below `end`.
   Status apply_inode_reservation(uint64_t end);
   Result<std::vector<ChainId>> pick_chains(uint32_t stripe_count, uint32_t* seed);
@@ -272,6 +270,8 @@ class MetaService {
   // so no create is visible, or answered, with a number a crash could hand out again. Raised
   // under mu_ or by a completed sync (atomic max).
   std::atomic<uint64_t> ino_synced_end_{0};
+  // Store::applied_ticket() just after the latest reservation was applied.
+  uint64_t ino_reservation_ticket_ = 0;
   uint64_t next_session_ = 1;
   uint64_t next_node_ = 1;
   uint64_t next_target_ = 1;

@@ -53,6 +53,9 @@ class RocksDbStore final : public Store {
   Status sync_soon() override;
   Status scan(std::string_view prefix, std::string_view seek, const ScanFn& fn) override;
   std::string describe() const override { return "rocksdb " + dir_; }
+  uint64_t applied_ticket() const override { return committer_.last_applied(); }
+  // With options.sync off a sync only hands the WAL to the kernel: nothing is known covered.
+  bool covered_by_sync(uint64_t ticket) const override { return options_.sync && committer_.durable() >= ticket; }
 
   // WAL syncs done so far (each covers one group of applied batches).
   uint64_t wal_syncs() const { return committer_.syncs(); }

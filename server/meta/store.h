@@ -83,6 +83,16 @@ class Store {
   // nothing unsynced).
   virtual Status sync_soon() { return Status::ok(); }
 
+  // Tickets, to learn later whether a batch became durable without asking for a sync: the ticket
+  // of the latest batch applied so far, and whether a completed sync covered `ticket` (and every
+  // batch applied before it). The default tracks nothing: nothing is known covered, so callers
+  // fall back on sync().
+  virtual uint64_t applied_ticket() const { return 0; }
+  virtual bool covered_by_sync(uint64_t ticket) const {
+    (void)ticket;
+    return false;
+  }
+
   // apply() then sync(): ok means the batch is durable.
   Status write(const WriteBatch& batch) {
     PENSTOCK_RETURN_IF_ERROR(apply(batch));
