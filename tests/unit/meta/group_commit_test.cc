@@ -445,20 +445,34 @@ TEST_F(NamespaceGroupCommitTest, NamespaceLockIsFreeWhileASyncRuns) {
   EXPECT_TRUE(saw_second.load());
 }
 
+// A fixture of the inode-reservation tests: a MetaService over a RecordingStore that reserves
+// `batch` numbers at a time.
+class NamespaceInodeReservation : public ::testing::Test {
+ protected:
+  void open(uint64_t batch) {
+    MetaOptions o;
+    o.seed = 7;
+    o.inode_batch = batch;
+    auto opened = MetaService::open(&store_, o);
+    ASSERT_TRUE(opened.has_value()) << opened.error().to_string();
+    svc_ = std::move(opened).value();
+  }
+  Result<pm::AttrResp> mkdir(const std::string& name) {
+    return svc_->mkdir(pm::MkdirReq{kRootInode, name, 0755, proto::Caller{1000, 100}});
+  }
+
+  RecordingStore store_;
+  std::unique_ptr<MetaService> svc_;
+};
+
 // Inode numbers: a create is applied (visible to every client) only with a number whose
 // reservation a completed sync covers, so a crash never hands out again a number some client
 // has seen. When the synced numbers run out, the next create syncs the reservation first and
 // applies its own batch after; meanwhile its name is not visible.
-TEST(NamespaceInodeReservation, NoCreateIsVisibleBeforeTheReservationOfItsNumberIsSynced) {
-  RecordingStore store;
-  MetaOptions o;
-  o.seed = 7;
-  o.inode_batch = 2;
-  auto opened = MetaService::open(&store, o);
-  ASSERT_TRUE(opened.has_value()) << opened.error().to_string();
-  MetaService& svc = **opened;
-  const proto::Caller caller{1000, 100};
-  auto mkdir = [&](const std::string& name) { return svc.mkdir(pm::MkdirReq{kRootInode, name, 0755, caller}); };
+TEST_F(NamespaceInodeReservation, NoCreateIsVisibleBeforeTheReservationOfItsNumberIsSynced) {
+  open(2);
+  RecordingStore& store = store_;
+  MetaService& svc = *svc_;
   // The start synced a reservation of 2 numbers; the second create applies the next one ahead.
   ASSERT_TRUE(mkdir("a").has_value());
   ASSERT_TRUE(mkdir("b").has_value());
@@ -488,21 +502,14 @@ TEST(NamespaceInodeReservation, NoCreateIsVisibleBeforeTheReservationOfItsNumber
 
 // The early reservation is counted synced once any sync covered it (here one the store ran on
 // its own, as its delayed sync does): a create-only stream never waits for a sync of its own.
-TEST(NamespaceInodeReservation, AnEarlyReservationSomeSyncCoveredNeedsNoSyncOfItsOwn) {
-  RecordingStore store;
-  MetaOptions o;
-  o.seed = 7;
-  o.inode_batch = 4;
-  auto opened = MetaService::open(&store, o);
-  ASSERT_TRUE(opened.has_value()) << opened.error().to_string();
-  MetaService& svc = **opened;
-  const proto::Caller caller{1000, 100};
-  const uint64_t syncs = store.syncs();
-  for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(svc.mkdir(pm::MkdirReq{kRootInode, name, 0755, caller}).has_value());
-  EXPECT_EQ(store.syncs(), syncs) << "creates within the start's reservation waited for a sync";
-  ASSERT_OK(store.sync());  // the store's own delayed sync covers the early reservation
-  for (const char* name : {"d", "e", "f", "g"}) ASSERT_TRUE(svc.mkdir(pm::MkdirReq{kRootInode, name, 0755, caller}).has_value());
-  EXPECT_EQ(store.syncs(), syncs + 1) << "a create beyond the start's reservation synced although a sync covered the next";
+TEST_F(NamespaceInodeReservation, AnEarlyReservationSomeSyncCoveredNeedsNoSyncOfItsOwn) {
+  open(4);
+  const uint64_t syncs = store_.syncs();
+  for (const char* name : {"a", "b", "c"}) ASSERT_TRUE(mkdir(name).has_value());
+  EXPECT_EQ(store_.syncs(), syncs) << "creates within the start's reservation waited for a sync";
+  ASSERT_OK(store_.sync());  // the store's own delayed sync covers the early reservation
+  for (const char* name : {"d", "e", "f", "g"}) ASSERT_TRUE(mkdir(name).has_value());
+  EXPECT_EQ(store_.syncs(), syncs + 1) << "a create beyond the start's reservation synced although a sync covered the next";
 }
 
 }  // namespace
