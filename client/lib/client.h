@@ -232,10 +232,11 @@ class Client {
   CacheStats cache_stats() const { return cache_->stats(); }
   // Drops the caches between this client and the disks, for cold-cache benchmarks: this client's
   // chunk cache (open handles keep working; blocks in flight are detached, never put back), then
-  // DropCaches on every online data server of a freshly fetched cluster map, all in parallel (each
-  // drops its open-file cache and the page cache of its chunk files). Write-behind buffers are not
-  // touched. Errors: the first failing server's error with its address (kUnavailable, kTimeout,
-  // kIo), or the meta server's error fetching the map. Thread-safe.
+  // the meta server's DropCaches (its record and block caches; kNotSupported from an older server
+  // counts as done), then DropCaches on every online data server of a freshly fetched cluster
+  // map, all in parallel (each drops its open-file cache and the page cache of its chunk files).
+  // Write-behind buffers are not touched. Errors: the first failing server's error with its
+  // address (kUnavailable, kTimeout, kIo), or the meta server's error. Thread-safe.
   Status drop_caches();
   uint64_t dirty_bytes() const { return budget_ ? budget_->used() : 0; }
   // flush() (unless `flush_writes` is false: a handle opened read-only, which must neither wait

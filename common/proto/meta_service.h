@@ -121,6 +121,12 @@ struct RegisterNodeReq { std::string node_uuid; std::string address; std::vector
 struct RegisterNodeResp { NodeId node; std::vector<TargetId> targets; uint64_t map_version = 0; PENSTOCK_FIELDS(node, targets, map_version); };
 struct NodeHeartbeatReq { NodeId node; std::vector<TargetReport> targets; PENSTOCK_FIELDS(node, targets); };
 
+// ---- caches ----
+// Drops what the server keeps in memory only for speed (its record cache, RocksDB's block cache),
+// so that the next reads start cold (penstock-bench --drop-caches); nothing durable changes.
+// `bytes`: what was dropped.
+struct DropCachesResp { uint64_t bytes = 0; PENSTOCK_FIELDS(bytes); };
+
 using ServiceId = ::penstock::proto::ServiceId;
 PENSTOCK_METHOD(RegisterSession, ServiceId::kMeta, 1, RegisterSessionReq, RegisterSessionResp);
 PENSTOCK_METHOD(Heartbeat, ServiceId::kMeta, 2, SessionReq, HeartbeatResp);
@@ -149,6 +155,7 @@ PENSTOCK_METHOD(ReleaseMany, ServiceId::kMeta, 43, ReleaseManyReq, Empty);
 PENSTOCK_METHOD(ReportSize, ServiceId::kMeta, 42, ReportSizeReq, AttrResp);
 PENSTOCK_METHOD(ReportSizeAtClose, ServiceId::kMeta, 44, ReportSizeReq, AttrResp);
 PENSTOCK_METHOD(SyncLog, ServiceId::kMeta, 45, Empty, Empty);
+PENSTOCK_METHOD(DropCaches, ServiceId::kMeta, 46, Empty, DropCachesResp);
 PENSTOCK_METHOD(GetLayout, ServiceId::kMeta, 50, InodeReq, LayoutResp);
 PENSTOCK_METHOD(SetLayout, ServiceId::kMeta, 51, SetLayoutReq, Empty);
 PENSTOCK_METHOD(GetClusterMap, ServiceId::kMeta, 60, Empty, ClusterMapResp);

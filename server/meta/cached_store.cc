@@ -95,6 +95,18 @@ Status CachedStore::apply(const WriteBatch& batch) {
   return st;
 }
 
+uint64_t CachedStore::drop_caches() {
+  uint64_t dropped = 0;
+  for (Shard& s : shards_) {
+    std::lock_guard lock(s.mu);
+    dropped += s.bytes;
+    s.index.clear();
+    s.lru.clear();
+    s.bytes = 0;
+  }
+  return dropped + inner_->drop_caches();
+}
+
 size_t CachedStore::bytes() const {
   size_t total = 0;
   for (const Shard& s : shards_) {

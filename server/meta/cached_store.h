@@ -55,6 +55,8 @@ class CachedStore final : public Store {
     return inner_->scan(prefix, seek, fn);
   }
   std::string describe() const override { return inner_->describe(); }
+  // Empties the cache, then the inner store's caches; the bytes of both.
+  uint64_t drop_caches() override;
   uint64_t applied_ticket() const override { return inner_->applied_ticket(); }
   bool covered_by_sync(uint64_t ticket) const override { return inner_->covered_by_sync(ticket); }
 

@@ -1,5 +1,6 @@
 #include "server/meta/meta_server.h"
 
+#include "common/base/log.h"
 #include "common/proto/meta_service.h"
 
 namespace penstock::meta {
@@ -73,6 +74,11 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
   server.handle<pm::ReportSizeAtClose>(
       [&svc](const pm::ReportSizeReq& r, RequestContext&) { return svc.report_size_at_close(r); }, kInline);
   server.handle<pm::SyncLog>([&svc](const proto::Empty&, RequestContext&) { return empty_or(svc.sync_log()); });
+  server.handle<pm::DropCaches>([&svc](const proto::Empty&, RequestContext&) -> Result<pm::DropCachesResp> {
+    pm::DropCachesResp r = svc.drop_caches();
+    PENSTOCK_LOG(Info) << "DropCaches: " << r.bytes << " bytes of cached records and blocks dropped";
+    return r;
+  });
   server.handle<pm::GetLayout>([&svc](const pm::InodeReq& r, RequestContext&) { return svc.get_layout(r); },
                  kInline);
   server.handle<pm::SetLayout>(

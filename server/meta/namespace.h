@@ -149,6 +149,8 @@ class MetaService {
   Result<pm::AttrResp> report_size_at_close(const pm::ReportSizeReq& req);
   // Returns once every change applied before the call is durable (fsync after a close reported).
   Status sync_log();
+  // Drops the store's caches (Store::drop_caches), for cold-start measurements.
+  pm::DropCachesResp drop_caches() { return pm::DropCachesResp{store_->drop_caches()}; }
 
   // ---- layouts ----
   Result<pm::LayoutResp> get_layout(const pm::InodeReq& req);

@@ -39,9 +39,11 @@ std::string prefix_successor(std::string_view prefix) {
 
 }  // namespace
 
-RocksDbStore::RocksDbStore(std::string dir, std::unique_ptr<rocksdb::DB> db, RocksDbOptions options)
+RocksDbStore::RocksDbStore(std::string dir, std::unique_ptr<rocksdb::DB> db, RocksDbOptions options,
+                           std::shared_ptr<rocksdb::Cache> block_cache)
     : dir_(std::move(dir)),
       db_(std::move(db)),
+      block_cache_(std::move(block_cache)),
       options_(options),
       committer_([this] { return from_rocks(db_->FlushWAL(/*sync=*/true), "sync the write-ahead log in " + dir_); }),
       soon_([this] { sync_soon_loop(); }) {}
@@ -70,7 +72,8 @@ Result<std::unique_ptr<RocksDbStore>> RocksDbStore::open(const std::string& dir,
   // cannot hold the key, and index/filter blocks live in a bounded block cache.
   rocksdb::BlockBasedTableOptions table;
   table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
-  table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
+  std::shared_ptr<rocksdb::Cache> block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
+  table.block_cache = block_cache;
   table.cache_index_and_filter_blocks = true;
   table.pin_l0_filter_and_index_blocks_in_cache = true;
   opts.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
@@ -103,7 +106,8 @@ Result<std::unique_ptr<RocksDbStore>> RocksDbStore::open(const std::string& dir,
     return Status(code, "cannot open the metadata database in " + dir + ": " + text +
                             "; check that the directory exists and is writable, or pick another --db");
   }
-  return std::unique_ptr<RocksDbStore>(new RocksDbStore(dir, std::unique_ptr<rocksdb::DB>(raw), options));
+  return std::unique_ptr<RocksDbStore>(
+      new RocksDbStore(dir, std::unique_ptr<rocksdb::DB>(raw), options, std::move(block_cache)));
 }
 
 Result<std::optional<std::string>> RocksDbStore::get(std::string_view key) {
@@ -171,6 +175,13 @@ void RocksDbStore::sync_soon_loop() {
     }
     lock.lock();
   }
+}
+
+uint64_t RocksDbStore::drop_caches() {
+  const size_t before = block_cache_->GetUsage();
+  block_cache_->EraseUnRefEntries();
+  const size_t after = block_cache_->GetUsage();
+  return before > after ? before - after : 0;
 }
 
 Status RocksDbStore::scan(std::string_view prefix, std::string_view seek, const ScanFn& fn) {

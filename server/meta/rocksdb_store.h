@@ -21,6 +21,7 @@
 #include "server/meta/store.h"
 
 namespace rocksdb {
+class Cache;
 class DB;
 }
 
@@ -53,6 +54,8 @@ class RocksDbStore final : public Store {
   Status sync_soon() override;
   Status scan(std::string_view prefix, std::string_view seek, const ScanFn& fn) override;
   std::string describe() const override { return "rocksdb " + dir_; }
+  // Empties the block cache of every block no reader holds.
+  uint64_t drop_caches() override;
   uint64_t applied_ticket() const override { return committer_.last_applied(); }
   // With options.sync off a sync only hands the WAL to the kernel: nothing is known covered.
   bool covered_by_sync(uint64_t ticket) const override { return options_.sync && committer_.durable() >= ticket; }
@@ -61,12 +64,14 @@ class RocksDbStore final : public Store {
   uint64_t wal_syncs() const { return committer_.syncs(); }
 
  private:
-  RocksDbStore(std::string dir, std::unique_ptr<rocksdb::DB> db, RocksDbOptions options);
+  RocksDbStore(std::string dir, std::unique_ptr<rocksdb::DB> db, RocksDbOptions options,
+               std::shared_ptr<rocksdb::Cache> block_cache);
 
   void sync_soon_loop();
 
   std::string dir_;
   std::unique_ptr<rocksdb::DB> db_;
+  std::shared_ptr<rocksdb::Cache> block_cache_;
   RocksDbOptions options_;
   GroupCommitter committer_;
 

@@ -93,6 +93,10 @@ class Store {
     return false;
   }
 
+  // Drops what the store keeps in memory only for speed (caches; nothing durable changes), so that
+  // the next reads start cold. Returns the bytes dropped. The default keeps nothing of the kind.
+  virtual uint64_t drop_caches() { return 0; }
+
   // apply() then sync(): ok means the batch is durable.
   Status write(const WriteBatch& batch) {
     PENSTOCK_RETURN_IF_ERROR(apply(batch));

@@ -1,6 +1,6 @@
 // Dropping caches on a real mount: setxattr user.penstock.drop_caches empties the mount's chunk
-// cache and makes every data server drop its open-file cache and the page cache of its chunk
-// files, without changing a byte; only root or the mount's owner may do it; and
+// cache, makes the meta server drop its record cache and every data server its open-file cache
+// and the page cache of its chunk files, without changing a byte; only root or the mount's owner may do it; and
 // `penstock-bench --drop-caches` on a Penstock mount uses it.
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -108,6 +108,11 @@ TEST_F(DropCachesTest, XattrDropsClientAndServerCachesAndKeepsData) {
   std::string data_logs;
   for (int k = 1; k <= 3; ++k) data_logs += slurp(cluster_.state_dir() + "/logs/data" + std::to_string(k) + ".log");
   EXPECT_NE(data_logs.find("DropCaches: 1 target(s)"), std::string::npos) << cluster_.log_tails();
+  // The meta server: its record cache held the records the writes and reads above looked up.
+  const std::string meta_log = slurp(cluster_.state_dir() + "/logs/meta.log");
+  const size_t at = meta_log.rfind("DropCaches: ");
+  ASSERT_NE(at, std::string::npos) << cluster_.log_tails();
+  EXPECT_GT(std::atol(meta_log.c_str() + at + 12), 0) << meta_log.substr(at, 80);
   // The mount: its chunk cache held the blocks read above.
   const long blocks = last_client_blocks_dropped(slurp(cluster_.state_dir() + "/logs/mount1.log"));
   EXPECT_GT(blocks, 0) << cluster_.log_tails();

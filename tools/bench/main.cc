@@ -77,7 +77,8 @@ int run_single(const Workload& w, int argc, char** argv) {
   }
   if (const int drops = penstock_cache_drops(); drops > 0) {
     r->notes.push_back("--drop-caches: Penstock caches dropped " + std::to_string(drops) +
-                       " time(s) (the mount's chunk cache and every data server's open files and page cache), "
+                       " time(s) (the mount's chunk cache, the meta server's record and block caches, and every data "
+                       "server's open files and page cache), "
                        "besides the kernel page cache.");
   }
   if (o.json) {
@@ -166,7 +167,7 @@ int run_compare(int argc, char** argv) {
       }
     }
     if (penstock_cache_drops() > 0) {
-      std::fprintf(stdout, "--drop-caches: Penstock caches (mount chunk cache, data servers) dropped %d time(s).\n",
+      std::fprintf(stdout, "--drop-caches: Penstock caches (mount chunk cache, meta server, data servers) dropped %d time(s).\n",
                    penstock_cache_drops());
     }
   }

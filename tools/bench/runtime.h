@@ -142,7 +142,7 @@ class ProcessGroup {
 };
 
 // Before a read phase: sync; when `dir` is on a Penstock mount (is_penstock_dir), drop the mount's
-// chunk cache and every data server's caches (drop_penstock_caches); then write 3 to
+// chunk cache, the meta server's and every data server's caches (drop_penstock_caches); then write 3 to
 // /proc/sys/vm/drop_caches. kPermission with advice when not root; kIo with advice when the
 // Penstock drop fails.
 Status drop_caches(const std::string& dir);

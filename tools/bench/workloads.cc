@@ -1244,8 +1244,9 @@ Status validate_none(const Options&) { return Status::ok(); }
 void add_common_flags(CLI::App& app, Options& o) {
   app.add_flag("--json", o.json, "print one JSON object per result line instead of the table");
   app.add_flag("--drop-caches", o.drop_caches,
-               "start every read phase cold: sync; on a Penstock mount also drop the mount's chunk cache and "
-               "every data server's caches (setxattr user.penstock.drop_caches: root or the mount's owner); "
+               "start every read phase cold: sync; on a Penstock mount also drop the mount's chunk cache, the "
+               "meta server's record cache and every data server's caches (setxattr user.penstock.drop_caches: "
+               "root or the mount's owner); "
                "then write 3 to /proc/sys/vm/drop_caches (root)");
 }
 

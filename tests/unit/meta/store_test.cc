@@ -143,6 +143,18 @@ TEST(RocksDbStoreTest, WritesSurviveReopen) {
   EXPECT_EQ(**(*s)->get("k"), "v");
 }
 
+TEST(RocksDbStoreTest, DropCachesKeepsEveryRecord) {
+  testing::TempDir dir;
+  auto s = RocksDbStore::open(dir.path() + "/db");
+  ASSERT_TRUE(s.has_value());
+  WriteBatch b;
+  for (int i = 0; i < 100; ++i) b.put(testing::numbered("i/", i), std::string(100, 'v'));
+  ASSERT_OK((*s)->write(b));
+  EXPECT_TRUE((*s)->get("i/7")->has_value());
+  (void)(*s)->drop_caches();
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(**(*s)->get(testing::numbered("i/", i)), std::string(100, 'v'));
+}
+
 TEST(SchemaTest, BigEndianKeysSortNumerically) {
   EXPECT_LT(schema::inode_key(InodeId(255)), schema::inode_key(InodeId(256)));
   EXPECT_LT(schema::dentry_key(InodeId(1), "zzz"), schema::dentry_key(InodeId(2), "a"));
@@ -299,6 +311,22 @@ TEST(CachedStoreTest, AReadDuringAWriteOfItsKeyCachesNothing) {
   writer.join();
   inner.before_apply = nullptr;
   EXPECT_EQ(value_of(cache, "i/1"), "new");
+}
+
+TEST(CachedStoreTest, DropCachesEmptiesItAndKeepsEveryRecord) {
+  HookedStore inner;
+  CachedStore cache(&inner, cache_options());
+  ASSERT_OK(put(cache, "i/1", "one"));
+  EXPECT_EQ(value_of(cache, "i/1"), "one");
+  EXPECT_EQ(value_of(cache, "d/none"), std::nullopt);
+  const size_t held = cache.bytes();
+  ASSERT_GT(held, 0u);
+  EXPECT_EQ(cache.drop_caches(), held);
+  EXPECT_EQ(cache.bytes(), 0u);
+  const int gets = inner.gets.load();
+  EXPECT_EQ(value_of(cache, "i/1"), "one");
+  EXPECT_EQ(value_of(cache, "d/none"), std::nullopt);
+  EXPECT_EQ(inner.gets.load(), gets + 2) << "the reads after the drop came from the cache";
 }
 
 TEST(CachedStoreTest, StaysWithinItsCapacityAndStillAnswersRight) {
