@@ -3,8 +3,9 @@
 //   penstock layout set DIR [--chunk-size SIZE] [--stripe-count N]
 //   penstock status [--meta HOST:PORT]
 //   penstock df [--meta HOST:PORT]
+//   penstock scrub [--meta HOST:PORT] [--dry-run] [--timeout-s N]
 // `layout` works on a mounted path through the virtual xattr user.penstock.layout (served by
-// penstock-mount); `status` and `df` talk to penstock-meta directly, without a session.
+// penstock-mount); `status`, `df` and `scrub` talk to penstock-meta directly, without a session.
 #include <sys/xattr.h>
 
 #include <cerrno>
@@ -144,12 +145,37 @@ int df(const std::string& meta) {
   return 0;
 }
 
+int scrub(const std::string& meta, bool dry_run, double timeout_s) {
+  auto c = connect(meta);
+  if (!c.has_value()) return fail(c.error().message());
+  auto r = (*c)->scrub(dry_run, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  if (!r.has_value()) {
+    std::string hint;
+    if (r.status().code() == penstock::Code::kTimeout) {
+      hint = " (the pass goes on in penstock-meta, whose log reports its end; give a longer --timeout-s)";
+    }
+    return fail("scrub: " + r.error().to_string() + hint);
+  }
+  std::printf("targets scrubbed        %u\n", r->targets);
+  std::printf("targets not scrubbed    %u\n", r->targets_failed);
+  std::printf("inodes with chunks      %llu\n", static_cast<unsigned long long>(r->inodes));
+  std::printf("orphans (no such file)  %llu\n", static_cast<unsigned long long>(r->orphans));
+  std::printf("orphans removed         %llu%s\n", static_cast<unsigned long long>(r->removed),
+              dry_run ? " (dry run: nothing removed)" : "");
+  std::printf("never handed out        %llu (left alone)\n", static_cast<unsigned long long>(r->unknown));
+  for (const std::string& e : r->errors) std::printf("error: %s\n", e.c_str());
+  if (r->targets_failed > 0 || (!dry_run && r->removed < r->orphans)) {
+    return fail("scrub incomplete: see the errors above and penstock-meta's log, then run it again");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   penstock::set_log_level(penstock::LogLevel::kWarn);
   penstock::set_log_component("cli");
-  CLI::App app{"penstock: administer a Penstock file system (cluster status, space, directory layouts)."};
+  CLI::App app{"penstock: administer a Penstock file system (cluster status, space, directory layouts, scrub)."};
   app.require_subcommand(1);
 
   auto* layout = app.add_subcommand("layout", "show or set file and directory layouts (on a mounted path)");
@@ -171,10 +197,19 @@ int main(int argc, char** argv) {
   auto* dfc = app.add_subcommand("df", "show space and inode usage of the file system");
   dfc->add_option("--meta", meta, "penstock-meta address host:port")->capture_default_str();
 
+  bool dry_run = false;
+  double timeout_s = 3600;
+  auto* scc = app.add_subcommand("scrub", "remove chunks that no file owns (e.g. of creates a power loss took back)");
+  scc->add_option("--meta", meta, "penstock-meta address host:port")->capture_default_str();
+  scc->add_flag("--dry-run", dry_run, "only count what would be removed");
+  scc->add_option("--timeout-s", timeout_s, "seconds to wait for the pass")->capture_default_str()->check(
+      CLI::PositiveNumber);
+
   CLI11_PARSE(app, argc, argv);
   if (lget->parsed()) return layout_get(get_path);
   if (lset->parsed()) return layout_set(set_dir, chunk_size, stripe_count);
   if (st->parsed()) return status(meta);
   if (dfc->parsed()) return df(meta);
+  if (scc->parsed()) return scrub(meta, dry_run, timeout_s);
   return fail("no command given; see --help");
 }

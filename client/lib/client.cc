@@ -495,6 +495,12 @@ Status Client::refresh_map() {
   return Status::ok();
 }
 
+Result<meta::ScrubResp> Client::scrub(bool dry_run, std::chrono::milliseconds timeout) {
+  rpc::CallOptions opts;
+  opts.timeout = timeout;
+  return meta_->call<meta::Scrub>(meta::ScrubReq{dry_run}, opts);
+}
+
 Result<std::shared_ptr<rpc::RpcClient>> Client::data_client(const std::string& address) {
   {
     std::lock_guard<std::mutex> lock(data_mu_);

@@ -180,6 +180,9 @@ class Client {
   // Applies a parsed layout xattr value to a directory: keys not given keep their current value.
   Status set_layout_text(InodeId dir, const std::string& text);
   Result<proto::ClusterMap> get_cluster_map();
+  // Runs a scrub pass on the meta server (proto::meta::Scrub: the chunks of inodes the namespace
+  // does not have are removed, or with dry_run only counted) and waits up to `timeout` for it.
+  Result<proto::meta::ScrubResp> scrub(bool dry_run, std::chrono::milliseconds timeout);
   // The connection to the data server at `address` (host:port), made now if there is none, as
   // describe() gives it: "rdma HOST:PORT" or "tcp HOST:PORT". Errors as for any data call.
   Result<std::string> data_transport(const std::string& address);

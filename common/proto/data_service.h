@@ -55,6 +55,21 @@ struct DropCachesResp {
   uint64_t fds_closed = 0;  // open-file cache entries dropped
   PENSTOCK_FIELDS(targets, files, fds_closed);
 };
+// The inodes that have chunks in one bucket of a target (Target::kBuckets buckets, an inode's
+// chunks lie in bucket ino % kBuckets): those above `after`, ascending, at most `max` of them
+// (0 or more than kMaxListInodes: kMaxListInodes). For penstock-meta's scrub, which pages through
+// every bucket and removes the chunks of inodes the namespace does not have.
+inline constexpr uint32_t kListBuckets = 256;
+inline constexpr uint32_t kMaxListInodes = 8192;
+struct ListInodesReq {
+  TargetId target; uint32_t bucket = 0; InodeId after; uint32_t max = 0;
+  PENSTOCK_FIELDS(target, bucket, after, max);
+};
+struct ListInodesResp {
+  std::vector<InodeId> inodes;  // ascending
+  bool more = false;            // inodes above the last one remain in the bucket
+  PENSTOCK_FIELDS(inodes, more);
+};
 
 using ServiceId = ::penstock::proto::ServiceId;
 PENSTOCK_METHOD(Write, ServiceId::kData, 1, WriteReq, WriteResp);
@@ -63,5 +78,6 @@ PENSTOCK_METHOD(Truncate, ServiceId::kData, 3, TruncateReq, Empty);
 PENSTOCK_METHOD(Remove, ServiceId::kData, 4, RemoveReq, Empty);
 PENSTOCK_METHOD(Sync, ServiceId::kData, 5, SyncReq, Empty);
 PENSTOCK_METHOD(DropCaches, ServiceId::kData, 6, DropCachesReq, DropCachesResp);
+PENSTOCK_METHOD(ListInodes, ServiceId::kData, 7, ListInodesReq, ListInodesResp);
 
 }  // namespace penstock::proto::data

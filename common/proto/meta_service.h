@@ -127,6 +127,25 @@ struct NodeHeartbeatReq { NodeId node; std::vector<TargetReport> targets; PENSTO
 // `bytes`: what was dropped.
 struct DropCachesResp { uint64_t bytes = 0; PENSTOCK_FIELDS(bytes); };
 
+// ---- scrub ----
+// One pass over every target's chunks: the chunks of inodes the namespace does not have (a create
+// a power loss took back after its data was written, a write that came after its file was
+// collected) are removed; with `dry_run` only counted. Waits for the pass (one at a time: a call
+// during a pass waits for it and runs its own after). `errors`: at most kMaxScrubErrors lines, each
+// naming a target that could not be listed or a removal that failed (the pass goes on past them).
+inline constexpr size_t kMaxScrubErrors = 16;
+struct ScrubReq { bool dry_run = false; PENSTOCK_FIELDS(dry_run); };
+struct ScrubResp {
+  uint32_t targets = 0;          // targets listed to the end
+  uint32_t targets_failed = 0;   // targets skipped (offline, unreachable, an error listing them)
+  uint64_t inodes = 0;           // inodes found with chunks
+  uint64_t orphans = 0;          // of them, not in the namespace
+  uint64_t removed = 0;          // orphans whose chunks on that target are gone now
+  uint64_t unknown = 0;          // inode numbers this server never handed out (left alone)
+  std::vector<std::string> errors;
+  PENSTOCK_FIELDS(targets, targets_failed, inodes, orphans, removed, unknown, errors);
+};
+
 using ServiceId = ::penstock::proto::ServiceId;
 PENSTOCK_METHOD(RegisterSession, ServiceId::kMeta, 1, RegisterSessionReq, RegisterSessionResp);
 PENSTOCK_METHOD(Heartbeat, ServiceId::kMeta, 2, SessionReq, HeartbeatResp);
@@ -156,6 +175,7 @@ PENSTOCK_METHOD(ReportSize, ServiceId::kMeta, 42, ReportSizeReq, AttrResp);
 PENSTOCK_METHOD(ReportSizeAtClose, ServiceId::kMeta, 44, ReportSizeReq, AttrResp);
 PENSTOCK_METHOD(SyncLog, ServiceId::kMeta, 45, Empty, Empty);
 PENSTOCK_METHOD(DropCaches, ServiceId::kMeta, 46, Empty, DropCachesResp);
+PENSTOCK_METHOD(Scrub, ServiceId::kMeta, 47, ScrubReq, ScrubResp);
 PENSTOCK_METHOD(GetLayout, ServiceId::kMeta, 50, InodeReq, LayoutResp);
 PENSTOCK_METHOD(SetLayout, ServiceId::kMeta, 51, SetLayoutReq, Empty);
 PENSTOCK_METHOD(GetClusterMap, ServiceId::kMeta, 60, Empty, ClusterMapResp);

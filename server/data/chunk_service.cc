@@ -124,4 +124,17 @@ Result<proto::data::DropCachesResp> ChunkService::drop_caches(const proto::data:
   return resp;
 }
 
+static_assert(proto::data::kListBuckets == Target::kBuckets, "ListInodes pages through the target's buckets");
+
+Result<proto::data::ListInodesResp> ChunkService::list_inodes(const proto::data::ListInodesReq& req,
+                                                             std::span<const uint8_t> bulk_in) {
+  PENSTOCK_ASSIGN_OR_RETURN(auto store, store_for(req.target));
+  PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "ListInodes"));
+  const uint32_t max =
+      req.max == 0 || req.max > proto::data::kMaxListInodes ? proto::data::kMaxListInodes : req.max;
+  proto::data::ListInodesResp resp;
+  PENSTOCK_ASSIGN_OR_RETURN(resp.inodes, store->target().list_inodes(req.bucket, req.after, max, &resp.more));
+  return resp;
+}
+
 }  // namespace penstock::data

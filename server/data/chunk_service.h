@@ -48,6 +48,10 @@ class ChunkService {
   // registration). kNotFound for a target not served here (nothing dropped then), kIo from a store.
   Result<proto::data::DropCachesResp> drop_caches(const proto::data::DropCachesReq& req,
                                                   std::span<const uint8_t> bulk_in);
+  // The inodes with chunks in one bucket of a target (Target::list_inodes), at most
+  // kMaxListInodes a page. kInvalid for a bucket out of range.
+  Result<proto::data::ListInodesResp> list_inodes(const proto::data::ListInodesReq& req,
+                                                  std::span<const uint8_t> bulk_in);
 
  private:
   mutable std::shared_mutex mu_;  // guards served_

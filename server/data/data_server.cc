@@ -95,6 +95,10 @@ Status DataServer::start() {
     }
     return r;
   });
+  // Directory listings: on the workers, never on an I/O thread.
+  server_->handle<pd::ListInodes>([this](const pd::ListInodesReq& req, rpc::RequestContext& ctx) {
+    return service_.list_inodes(req, ctx.bulk_in());
+  });
   Status st = server_->start();
   if (!st.is_ok()) {
     server_.reset();

@@ -214,4 +214,36 @@ Result<std::vector<uint64_t>> Target::list_chunks(InodeId ino) const {
   return out;
 }
 
+Result<std::vector<InodeId>> Target::list_inodes(uint32_t bucket, InodeId after, size_t max, bool* more) const {
+  *more = false;
+  if (bucket >= kBuckets) {
+    return Status(Code::kInvalid, "bucket " + std::to_string(bucket) + " is out of range (0 to " +
+                                      std::to_string(kBuckets - 1) + ")");
+  }
+  const std::string dir = path_ + "/chunks/" + bucket_name(bucket);
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return Status(Code::kIo, "cannot list " + dir + ": " + std::strerror(errno));
+  std::vector<uint64_t> found;
+  errno = 0;
+  while (dirent* e = ::readdir(d)) {
+    // "<ino>", "<ino>.0" or "<ino>.0.tmp": the inode is the decimal before the first dot.
+    const std::string_view name(e->d_name);
+    std::optional<uint64_t> ino = decimal(name.substr(0, name.find('.')));
+    if (ino.has_value() && *ino > after.value && *ino % kBuckets == bucket) found.push_back(*ino);
+  }
+  const int err = errno;
+  ::closedir(d);
+  if (err != 0) return Status(Code::kIo, "cannot list " + dir + ": " + std::strerror(err));
+  std::sort(found.begin(), found.end());
+  found.erase(std::unique(found.begin(), found.end()), found.end());
+  if (found.size() > max) {
+    found.resize(max);
+    *more = true;
+  }
+  std::vector<InodeId> out;
+  out.reserve(found.size());
+  for (uint64_t ino : found) out.emplace_back(ino);
+  return out;
+}
+
 }  // namespace penstock::data

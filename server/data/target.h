@@ -54,6 +54,12 @@ class Target {
   // Names that are not a chunk index (e.g. "<index>.tmp" left by a crash) are skipped.
   Result<std::vector<uint64_t>> list_chunks(InodeId ino) const;
 
+  // The inodes with anything in bucket `bucket` (< kBuckets): a chunk 0, a "<ino>.0.tmp" left by
+  // a crash, or a directory "<ino>/". Those above `after`, ascending, at most `max`; *more says
+  // whether others above the last one remain. Names that spell no inode of this bucket are
+  // skipped. kInvalid for a bucket out of range, kIo naming the directory when it cannot be listed.
+  Result<std::vector<InodeId>> list_inodes(uint32_t bucket, InodeId after, size_t max, bool* more) const;
+
  private:
   Target(std::string path, std::string uuid) : path_(std::move(path)), uuid_(std::move(uuid)) {}
 

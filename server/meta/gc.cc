@@ -9,27 +9,26 @@
 
 namespace penstock::meta {
 
-// ---- RpcChunkRemover ----
+// ---- RpcDataNodes ----
 
-RpcChunkRemover::RpcChunkRemover(net::IoRuntime& runtime, std::chrono::milliseconds timeout)
+RpcDataNodes::RpcDataNodes(net::IoRuntime& runtime, std::chrono::milliseconds timeout)
     : runtime_(runtime), timeout_(timeout) {}
 
-RpcChunkRemover::~RpcChunkRemover() = default;
+RpcDataNodes::~RpcDataNodes() = default;
 
-Status RpcChunkRemover::remove(const std::string& address, TargetId target, InodeId ino) {
-  std::shared_ptr<rpc::RpcClient> client;
-  {
-    std::lock_guard lock(mu_);
-    auto it = clients_.find(address);
-    if (it != clients_.end()) {
-      client = it->second;
-    } else {
-      auto ep = net::Endpoint::parse(address);
-      if (!ep.has_value()) return std::move(ep).error().with_context("data server address");
-      client = std::make_shared<rpc::RpcClient>(net::make_tcp_channel(runtime_, *ep, net::TcpOptions{}), timeout_);
-      clients_[address] = client;
-    }
-  }
+Result<std::shared_ptr<rpc::RpcClient>> RpcDataNodes::client_for(const std::string& address) {
+  std::lock_guard lock(mu_);
+  auto it = clients_.find(address);
+  if (it != clients_.end()) return it->second;
+  auto ep = net::Endpoint::parse(address);
+  if (!ep.has_value()) return std::move(ep).error().with_context("data server address");
+  auto client = std::make_shared<rpc::RpcClient>(net::make_tcp_channel(runtime_, *ep, net::TcpOptions{}), timeout_);
+  clients_[address] = client;
+  return client;
+}
+
+Status RpcDataNodes::remove(const std::string& address, TargetId target, InodeId ino) {
+  PENSTOCK_ASSIGN_OR_RETURN(auto client, client_for(address));
   proto::data::RemoveReq req;
   req.target = target;
   req.ino = ino;
@@ -39,6 +38,17 @@ Status RpcChunkRemover::remove(const std::string& address, TargetId target, Inod
                                              target.to_string() + " at " + address);
   }
   return Status::ok();
+}
+
+Result<proto::data::ListInodesResp> RpcDataNodes::list_inodes(const std::string& address,
+                                                              const proto::data::ListInodesReq& req) {
+  PENSTOCK_ASSIGN_OR_RETURN(auto client, client_for(address));
+  auto r = client->call<proto::data::ListInodes>(req);
+  if (!r.has_value()) {
+    return std::move(r).error().with_context("list the inodes of bucket " + std::to_string(req.bucket) +
+                                             " of target " + req.target.to_string() + " at " + address);
+  }
+  return r;
 }
 
 // ---- GarbageCollector ----

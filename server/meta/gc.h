@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "common/base/result.h"
+#include "common/proto/data_service.h"
 #include "server/meta/namespace.h"
 
 namespace penstock::net {
@@ -38,15 +39,28 @@ class ChunkRemover {
   virtual Status remove(const std::string& address, TargetId target, InodeId ino) = 0;
 };
 
-// The real remover: proto::data::Remove over TCP, one cached RpcClient per data server address.
-// Thread-safe.
-class RpcChunkRemover final : public ChunkRemover {
+// What the scrub (server/meta/scrub.h) asks of a data server: one page of the inodes with chunks
+// in one bucket of a target (proto::data::ListInodes).
+class ChunkLister {
  public:
-  RpcChunkRemover(net::IoRuntime& runtime, std::chrono::milliseconds timeout);
-  ~RpcChunkRemover() override;
+  virtual ~ChunkLister() = default;
+  virtual Result<proto::data::ListInodesResp> list_inodes(const std::string& address,
+                                                          const proto::data::ListInodesReq& req) = 0;
+};
+
+// The real remover and lister: proto::data::Remove and ListInodes over TCP, one cached RpcClient
+// per data server address. Thread-safe.
+class RpcDataNodes final : public ChunkRemover, public ChunkLister {
+ public:
+  RpcDataNodes(net::IoRuntime& runtime, std::chrono::milliseconds timeout);
+  ~RpcDataNodes() override;
   Status remove(const std::string& address, TargetId target, InodeId ino) override;
+  Result<proto::data::ListInodesResp> list_inodes(const std::string& address,
+                                                  const proto::data::ListInodesReq& req) override;
 
  private:
+  Result<std::shared_ptr<rpc::RpcClient>> client_for(const std::string& address);
+
   net::IoRuntime& runtime_;
   std::chrono::milliseconds timeout_;
   std::mutex mu_;  // leaf lock; guards clients_, never held during a call

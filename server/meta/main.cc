@@ -1,6 +1,7 @@
 // penstock-meta: the metadata server daemon. Parses flags (or a TOML --config file), opens the
 // RocksDB store, loads the namespace, serves the meta RPCs, runs session/node expiry and chunk GC in
 // the background, and stops cleanly on SIGTERM/SIGINT.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -22,6 +23,7 @@
 #include "server/meta/cached_store.h"
 #include "server/meta/rocksdb_store.h"
 #include "server/meta/schema.h"
+#include "server/meta/scrub.h"
 
 namespace {
 
@@ -38,6 +40,7 @@ struct Flags {
   int io_threads = 2;
   int close_sync_ms = 50;
   int record_cache_mb = 128;
+  double scrub_interval_s = 86400;
 };
 
 int run(const Flags& flags) {
@@ -64,6 +67,10 @@ int run(const Flags& flags) {
   }
   if (flags.record_cache_mb < 0 || flags.record_cache_mb > 1'048'576) {
     std::cerr << "penstock-meta: --record-cache-mb must be between 0 (off) and 1048576 MiB\n";
+    return 2;
+  }
+  if (!(flags.scrub_interval_s >= 0 && flags.scrub_interval_s <= 365.0 * 86400)) {
+    std::cerr << "penstock-meta: --scrub-interval-s must be between 0 (no background scrub) and 31536000 seconds\n";
     return 2;
   }
   // A contended rmdir/rename waits up to the term on a worker thread: it must stay well inside a
@@ -110,9 +117,15 @@ int run(const Flags& flags) {
   meta::MetaService& svc = **service;
 
   net::IoRuntime io(1);
-  meta::RpcChunkRemover remover(io, std::chrono::milliseconds(5000));
-  meta::GarbageCollector gc(svc, remover);
+  meta::RpcDataNodes data_nodes(io, std::chrono::milliseconds(5000));
+  meta::GarbageCollector gc(svc, data_nodes);
   gc.start();
+  meta::ScrubOptions scrub_options;
+  scrub_options.interval = std::chrono::milliseconds(static_cast<int64_t>(flags.scrub_interval_s * 1000));
+  // The first background pass comes soon after a start, the one most likely to follow a crash.
+  scrub_options.first_delay = std::min<std::chrono::milliseconds>(scrub_options.interval, std::chrono::minutes(10));
+  meta::Scrubber scrubber(svc, data_nodes, data_nodes, scrub_options);
+  scrubber.start();
 
   rpc::ServerOptions sopts;
   sopts.listen = *ep;
@@ -121,6 +134,7 @@ int run(const Flags& flags) {
   meta::MetaServer server(svc, sopts);
   st = server.start();
   if (!st.is_ok()) {
+    scrubber.stop();
     gc.stop();
     if (st.message().find("in use") != std::string::npos) {
       PENSTOCK_LOG(Error) << "cannot listen on " << flags.listen << ": address in use; is another penstock-meta running?";
@@ -133,7 +147,9 @@ int run(const Flags& flags) {
   char lease[32];
   std::snprintf(lease, sizeof lease, flags.entry_lease_s > 0 ? "%g s" : "off", flags.entry_lease_s);
   PENSTOCK_LOG(Info) << "penstock-meta listening on " << ep->host << ":" << server.port() << ", db " << flags.db
-                     << ", map version " << svc.map_version() << ", directory entry leases " << lease;
+                     << ", map version " << svc.map_version() << ", directory entry leases " << lease << ", scrub "
+                     << (flags.scrub_interval_s > 0 ? "every " + std::to_string(static_cast<int64_t>(flags.scrub_interval_s)) + " s"
+                                                    : std::string("on demand only"));
 
   // Session and node expiry: checked often enough that a timeout is noticed within a quarter of it.
   std::mutex mu;
@@ -162,6 +178,7 @@ int run(const Flags& flags) {
   }
   cv.notify_all();
   expiry.join();
+  scrubber.stop();
   gc.stop();
   PENSTOCK_LOG(Info) << "penstock-meta stopped (" << (*store)->wal_syncs() << " group-commit WAL syncs, record cache "
                      << cached.hits() << " hits, " << cached.misses() << " misses)";
@@ -191,6 +208,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--record-cache-mb", flags.record_cache_mb,
                  "MiB of inode and directory-entry records kept in memory in front of the database (0: off; default 128)")
+      ->capture_default_str();
+  app.add_option("--scrub-interval-s", flags.scrub_interval_s,
+                 "Seconds between background scrubs, which remove chunks no file owns (those of a create a power loss "
+                 "took back after its data was written); the first runs 10 minutes after start, or after the interval "
+                 "when shorter. 0: only on demand (`penstock scrub`). Default 86400")
       ->capture_default_str();
   app.add_option("--workers", flags.workers, "RPC worker threads that run metadata requests (default 8)")->capture_default_str();
   app.add_option("--io-threads", flags.io_threads,

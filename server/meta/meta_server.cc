@@ -74,6 +74,10 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
   server.handle<pm::ReportSizeAtClose>(
       [&svc](const pm::ReportSizeReq& r, RequestContext&) { return svc.report_size_at_close(r); }, kInline);
   server.handle<pm::SyncLog>([&svc](const proto::Empty&, RequestContext&) { return empty_or(svc.sync_log()); });
+  // A scrub pass lists every target's chunks: minutes on a large file system; the waiting pool
+  // keeps it off the workers.
+  server.handle<pm::Scrub>([&svc](const pm::ScrubReq& r, RequestContext&) { return svc.scrub(r); },
+                           rpc::Dispatch::kWaiting);
   server.handle<pm::DropCaches>([&svc](const proto::Empty&, RequestContext&) -> Result<pm::DropCachesResp> {
     pm::DropCachesResp r = svc.drop_caches();
     PENSTOCK_LOG(Info) << "DropCaches: " << r.bytes << " bytes of cached records and blocks dropped";

@@ -357,6 +357,69 @@ void MetaService::set_gc_wakeup(std::function<void()> fn) {
   gc_wakeup_ = std::move(fn);
 }
 
+std::vector<MetaService::ScrubTarget> MetaService::scrub_targets() {
+  std::lock_guard lock(mu_);
+  std::vector<ScrubTarget> out;
+  for (const auto& [id, t] : targets_) {
+    ScrubTarget st{TargetId(id), "", t.online};
+    auto nit = nodes_.find(t.rec.node.value);
+    if (nit != nodes_.end()) {
+      st.address = nit->second.rec.address;
+      st.online = st.online && nit->second.online;
+    } else {
+      st.online = false;
+    }
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
+namespace {
+
+// Whether `key` is in the store, read with a scan: a scan goes past a CachedStore to the
+// database and leaves its cache as it was.
+Result<bool> has_key_uncached(Store* store, const std::string& key) {
+  bool found = false;
+  PENSTOCK_RETURN_IF_ERROR(store->scan(key, "", [&](std::string_view k, std::string_view) {
+    found = k == key;
+    return false;
+  }));
+  return found;
+}
+
+}  // namespace
+
+Result<MetaService::ChunkOwner> MetaService::chunk_owner(InodeId ino) {
+  {
+    // Numbers are handed out in order and never again after a restart (load() starts past every
+    // earlier reservation), so one at or past next_ino_ is no file of this namespace, ever.
+    std::lock_guard lock(mu_);
+    if (!ino.valid() || ino.value >= next_ino_) return ChunkOwner::kNeverIssued;
+  }
+  // The record first, then the queue entry: an unlink between the two reads removes the record
+  // and adds the entry in one batch, so the inode is seen live or collecting; a collection that
+  // finishes between them leaves it an orphan, whose removal repeats the collector's.
+  PENSTOCK_ASSIGN_OR_RETURN(bool live, has_key_uncached(store_, schema::inode_key(ino)));
+  if (live) return ChunkOwner::kLive;
+  PENSTOCK_ASSIGN_OR_RETURN(bool queued, has_key_uncached(store_, schema::gc_key(ino)));
+  return queued ? ChunkOwner::kCollecting : ChunkOwner::kOrphan;
+}
+
+void MetaService::set_scrub_runner(ScrubFn fn) {
+  std::lock_guard lock(mu_);
+  scrub_runner_ = std::move(fn);
+}
+
+Result<pm::ScrubResp> MetaService::scrub(const pm::ScrubReq& req) {
+  ScrubFn fn;
+  {
+    std::lock_guard lock(mu_);
+    fn = scrub_runner_;
+  }
+  if (!fn) return Status(Code::kNotSupported, "this penstock-meta runs no scrubber");
+  return fn(req);
+}
+
 void MetaService::notify_gc(bool queued) {
   if (!queued) return;
   std::function<void()> fn;

@@ -176,6 +176,27 @@ class MetaService {
   Result<std::string> target_address(TargetId target);
   // Called (outside the lock) whenever a job is queued, so the collector can wake up.
   void set_gc_wakeup(std::function<void()> fn);
+
+  // ---- scrub (server/meta/scrub.h) ----
+  struct ScrubTarget {
+    TargetId id;
+    std::string address;  // of the data server serving it
+    bool online = false;
+  };
+  // Every target of the cluster map, in id order.
+  std::vector<ScrubTarget> scrub_targets();
+  // What chunks of `ino` found on a target are: kLive (the inode exists, linked or open),
+  // kCollecting (unlinked; its garbage-collection job removes them), kOrphan (not in the
+  // namespace: a create a power loss took back, or a write after its file was collected; the
+  // number is never handed out again) or kNeverIssued (at or past the next number to hand out:
+  // not this namespace's, left alone). Reads the store past its record cache, so a pass over
+  // every chunk does not evict the records clients use. kIo from the store.
+  enum class ChunkOwner { kLive, kCollecting, kOrphan, kNeverIssued };
+  Result<ChunkOwner> chunk_owner(InodeId ino);
+  // The scrub RPC: runs `fn` (installed by the Scrubber; kNotSupported without one).
+  using ScrubFn = std::function<Result<pm::ScrubResp>(const pm::ScrubReq&)>;
+  void set_scrub_runner(ScrubFn fn);
+  Result<pm::ScrubResp> scrub(const pm::ScrubReq& req);
   uint64_t map_version();
   const MetaOptions& options() const { return options_; }
 
@@ -285,6 +306,7 @@ class MetaService {
   std::map<uint64_t, TargetState> targets_;
   std::map<uint64_t, proto::ChainInfo> chains_;
   std::function<void()> gc_wakeup_;
+  ScrubFn scrub_runner_;
   std::set<uint64_t> gc_queue_;  // inodes with a g/ entry (applied), mirrors the store's g/ keys
 };
 

@@ -26,11 +26,6 @@ namespace fs = std::filesystem;
 
 constexpr const char* kDropXattr = "user.penstock.drop_caches";
 
-bool local_only() {
-  const char* d = std::getenv("PENSTOCK_TEST_DIR");
-  return d != nullptr && *d != '\0';
-}
-
 // Pages of every chunk file under the cluster's targets (state/data*/chunks) that are in the page
 // cache, from mincore over a fresh read-only mapping (which itself loads nothing).
 ::testing::AssertionResult cached_chunk_pages(const std::string& state, uint64_t* pages, uint64_t* files) {
@@ -73,19 +68,7 @@ long last_client_blocks_dropped(const std::string& log) {
   return last;
 }
 
-class DropCachesTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (local_only()) GTEST_SKIP() << "needs the Penstock binaries (PENSTOCK_TEST_DIR is set)";
-    ASSERT_TRUE(cluster_.up());
-  }
-  void TearDown() override {
-    if (cluster_.running()) {
-      EXPECT_TRUE(cluster_.down());
-    }
-  }
-  Cluster cluster_;
-};
+using DropCachesTest = ClusterTest;
 
 TEST_F(DropCachesTest, XattrDropsClientAndServerCachesAndKeepsData) {
   const std::string file = cluster_.mount_path() + "/data.bin";

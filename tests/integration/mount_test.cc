@@ -34,11 +34,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool local_only() {
-  const char* d = std::getenv("PENSTOCK_TEST_DIR");
-  return d != nullptr && *d != '\0';
-}
-
 std::string mount_binary() { return build_dir() + "/client/fuse/penstock-mount"; }
 
 // A loopback port nothing listens on: bound to learn a free number, then closed.

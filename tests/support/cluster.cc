@@ -432,6 +432,11 @@ int find_free_port_base(int count) {
   return 0;
 }
 
+bool local_only() {
+  const char* d = std::getenv("PENSTOCK_TEST_DIR");
+  return d != nullptr && *d != '\0';
+}
+
 bool is_mount_point(const std::string& path) {
   for (const auto& m : mount_points()) {
     if (m == path) {

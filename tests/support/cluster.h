@@ -53,6 +53,10 @@ int find_free_port_base(int count);
 // hung FUSE daemon).
 bool is_mount_point(const std::string& path);
 
+// True when PENSTOCK_TEST_DIR is set: the tests then run against a local directory, and those
+// that need the Penstock binaries skip.
+bool local_only();
+
 struct ClusterOptions {
   int data_servers = 3;
   std::string meta_args;  // extra penstock-meta flags (local-cluster's PENSTOCK_META_ARGS)
@@ -108,6 +112,22 @@ class Cluster {
   bool running_ = false;
   int registry_slot_ = -1;
   std::map<std::string, uintmax_t> log_scanned_;  // log path -> bytes already scanned
+};
+
+// A fixture with one cluster of its own per test, up before the test body (skipped when
+// local_only()) and down after it.
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (local_only()) GTEST_SKIP() << "needs the Penstock binaries (PENSTOCK_TEST_DIR is set)";
+    ASSERT_TRUE(cluster_.up());
+  }
+  void TearDown() override {
+    if (cluster_.running()) {
+      EXPECT_TRUE(cluster_.down());
+    }
+  }
+  Cluster cluster_;
 };
 
 // A gtest environment owning one shared cluster for a whole test binary (tests that only need a

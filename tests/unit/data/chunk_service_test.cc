@@ -1,5 +1,7 @@
 #include "server/data/chunk_service.h"
 
+#include <fstream>
+
 #include <gtest/gtest.h>
 
 #include "tests/unit/data/test_util.h"
@@ -116,6 +118,53 @@ TEST_F(ChunkServiceTest, DropCachesCoversServedTargets) {
   auto r = service_.read(pd::ReadReq{key(), 0, 5000}, {}, &out);
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(std::vector<uint8_t>(out.begin(), out.end()), d);
+}
+
+TEST_F(ChunkServiceTest, ListInodesPagesThroughABucket) {
+  serve();
+  auto d = pattern(100, 4);
+  const uint32_t kChunk = 1u << 20;
+  // Bucket 5 (ino % 256): one inode with chunk 0 only, one with chunks 0 and 3, one with chunk 2
+  // only (its directory alone), one with only a crash's leftover "<ino>.0.tmp"; one inode in
+  // bucket 6 and a stray name in bucket 5 that must not show.
+  const uint64_t a = 5, b = 256 + 5, c = 2 * 256 + 5, e = 3 * 256 + 5, other = 6;
+  for (auto [ino, chunk] : std::vector<std::pair<uint64_t, uint64_t>>{{a, 0}, {b, 0}, {b, 3}, {c, 2}, {other, 0}}) {
+    ASSERT_TRUE(service_.write(pd::WriteReq{pd::ChunkKey{ChainId(1), TargetId(7), InodeId(ino), chunk, kChunk}, 0}, d)
+                    .has_value());
+  }
+  const std::string bucket = dir_.path() + "/chunks/05/";
+  { std::ofstream(bucket + std::to_string(e) + ".0.tmp") << "x"; }
+  { std::ofstream(bucket + "notes.txt") << "x"; }
+  { std::ofstream(bucket + "6.0") << "x"; }  // a number of another bucket
+
+  auto all = service_.list_inodes(pd::ListInodesReq{TargetId(7), 5, InodeId(), 0}, {});
+  ASSERT_TRUE(all.has_value()) << all.status().to_string();
+  EXPECT_EQ(all->inodes, (std::vector<InodeId>{InodeId(a), InodeId(b), InodeId(c), InodeId(e)}));
+  EXPECT_FALSE(all->more);
+  auto first = service_.list_inodes(pd::ListInodesReq{TargetId(7), 5, InodeId(), 2}, {});
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->inodes, (std::vector<InodeId>{InodeId(a), InodeId(b)}));
+  EXPECT_TRUE(first->more);
+  auto rest = service_.list_inodes(pd::ListInodesReq{TargetId(7), 5, InodeId(b), 2}, {});
+  ASSERT_TRUE(rest.has_value());
+  EXPECT_EQ(rest->inodes, (std::vector<InodeId>{InodeId(c), InodeId(e)}));
+  EXPECT_FALSE(rest->more);
+  auto six = service_.list_inodes(pd::ListInodesReq{TargetId(7), 6, InodeId(), 0}, {});
+  ASSERT_TRUE(six.has_value());
+  EXPECT_EQ(six->inodes, (std::vector<InodeId>{InodeId(other)}));
+  // Removing an inode takes it off the list.
+  ASSERT_TRUE(service_.remove(pd::RemoveReq{TargetId(7), InodeId(b)}, {}).is_ok());
+  all = service_.list_inodes(pd::ListInodesReq{TargetId(7), 5, InodeId(), 0}, {});
+  ASSERT_TRUE(all.has_value());
+  EXPECT_EQ(all->inodes, (std::vector<InodeId>{InodeId(a), InodeId(c), InodeId(e)}));
+
+  EXPECT_EQ(service_.list_inodes(pd::ListInodesReq{TargetId(7), 256, InodeId(), 0}, {}).status().code(),
+            Code::kInvalid);
+  EXPECT_EQ(service_.list_inodes(pd::ListInodesReq{TargetId(8), 5, InodeId(), 0}, {}).status().code(),
+            Code::kNotFound);
+  std::vector<uint8_t> bulk{1};
+  EXPECT_EQ(service_.list_inodes(pd::ListInodesReq{TargetId(7), 5, InodeId(), 0}, bulk).status().code(),
+            Code::kInvalid);
 }
 
 }  // namespace
