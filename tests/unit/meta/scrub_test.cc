@@ -28,6 +28,15 @@ class FakeDataNodes final : public ChunkLister, public ChunkRemover {
     ++list_calls;
     if (fail_list.count(req.target.value) != 0) return Status(Code::kUnavailable, "fake: " + address + " is down");
     proto::data::ListInodesResp resp;
+    if (hostile == 1) {  // says more follow, lists nothing
+      resp.more = true;
+      return resp;
+    }
+    if (hostile == 2) {  // lists the same inode again and again
+      resp.inodes = {InodeId(req.bucket == 0 ? 256 : req.bucket)};
+      resp.more = true;
+      return resp;
+    }
     for (uint64_t ino : chunks[req.target.value]) {
       if (ino <= req.after.value || ino % proto::data::kListBuckets != req.bucket) continue;
       if (resp.inodes.size() == req.max) {
@@ -58,6 +67,7 @@ class FakeDataNodes final : public ChunkLister, public ChunkRemover {
   std::vector<std::tuple<std::string, uint64_t, uint64_t>> removed;
   std::function<void()> on_remove;
   size_t list_calls = 0;
+  int hostile = 0;  // 1: empty pages that promise more; 2: a page that repeats itself
 
  private:
   std::mutex mu_;
@@ -228,6 +238,20 @@ TYPED_TEST(ScrubTest, TargetsThatFailAreReportedAndTheRestScrubbed) {
   EXPECT_EQ(r.removed, 2u);
   EXPECT_TRUE(this->nodes_.chunks[1].empty());
   EXPECT_TRUE(this->nodes_.chunks[3].empty());
+}
+
+TYPED_TEST(ScrubTest, AListingThatNeverEndsFailsItsTargetNotThePass) {
+  for (int mode : {1, 2}) {
+    this->nodes_.hostile = mode;
+    this->nodes_.list_calls = 0;
+    pm::ScrubResp r = this->scrub(false);
+    EXPECT_EQ(r.targets, 0u) << "mode " << mode;
+    EXPECT_EQ(r.targets_failed, 3u) << "mode " << mode;
+    EXPECT_EQ(this->nodes_.list_calls, mode == 1 ? 3u : 6u) << "mode " << mode;  // one page (two) per target
+    ASSERT_EQ(r.errors.size(), 3u);
+    EXPECT_NE(r.errors[0].find("not scrubbed to the end"), std::string::npos) << r.errors[0];
+    EXPECT_TRUE(this->nodes_.removed.empty());
+  }
 }
 
 TEST(ScrubPaging, EveryInodeOfABucketIsSeenAcrossPages) {
