@@ -158,13 +158,15 @@ int scrub(const std::string& meta, bool dry_run, double timeout_s) {
   }
   std::printf("targets scrubbed        %u\n", r->targets);
   std::printf("targets not scrubbed    %u\n", r->targets_failed);
-  std::printf("inodes with chunks      %llu\n", static_cast<unsigned long long>(r->inodes));
+  // Counted per target: an inode striped over three targets counts three times.
+  std::printf("inodes with chunks      %llu (per target)\n", static_cast<unsigned long long>(r->inodes));
   std::printf("orphans (no such file)  %llu\n", static_cast<unsigned long long>(r->orphans));
   std::printf("orphans removed         %llu%s\n", static_cast<unsigned long long>(r->removed),
               dry_run ? " (dry run: nothing removed)" : "");
   std::printf("never handed out        %llu (left alone)\n", static_cast<unsigned long long>(r->unknown));
   for (const std::string& e : r->errors) std::printf("error: %s\n", e.c_str());
   if (r->targets_failed > 0 || (!dry_run && r->removed < r->orphans)) {
+    if (r->errors.size() == penstock::proto::meta::kMaxScrubErrors) std::printf("error: ... (more in penstock-meta's log)\n");
     return fail("scrub incomplete: see the errors above and penstock-meta's log, then run it again");
   }
   return 0;
@@ -202,8 +204,9 @@ int main(int argc, char** argv) {
   auto* scc = app.add_subcommand("scrub", "remove chunks that no file owns (e.g. of creates a power loss took back)");
   scc->add_option("--meta", meta, "penstock-meta address host:port")->capture_default_str();
   scc->add_flag("--dry-run", dry_run, "only count what would be removed");
-  scc->add_option("--timeout-s", timeout_s, "seconds to wait for the pass")->capture_default_str()->check(
-      CLI::PositiveNumber);
+  scc->add_option("--timeout-s", timeout_s, "seconds to wait for the pass (1 to 604800)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 604800.0));
 
   CLI11_PARSE(app, argc, argv);
   if (lget->parsed()) return layout_get(get_path);

@@ -60,7 +60,7 @@ struct DropCachesResp {
 // (0 or more than kMaxListInodes: kMaxListInodes). For penstock-meta's scrub, which pages through
 // every bucket and removes the chunks of inodes the namespace does not have.
 inline constexpr uint32_t kListBuckets = 256;
-inline constexpr uint32_t kMaxListInodes = 8192;
+inline constexpr uint32_t kMaxListInodes = 65536;  // 512 KiB of reply
 struct ListInodesReq {
   TargetId target; uint32_t bucket = 0; InodeId after; uint32_t max = 0;
   PENSTOCK_FIELDS(target, bucket, after, max);

@@ -114,11 +114,20 @@ struct SetLayoutReq { InodeId ino; uint32_t chunk_size = 0; uint32_t stripe_coun
 
 // ---- cluster ----
 struct ClusterMapResp { ClusterMap map; PENSTOCK_FIELDS(map); };
-struct TargetReport { std::string uuid; std::string path; uint64_t capacity_bytes = 0; uint64_t free_bytes = 0; PENSTOCK_FIELDS(uuid, path, capacity_bytes, free_bytes); };
+// `fs_id`: the file system the target belongs to (stamped at its first registration; empty before).
+struct TargetReport {
+  std::string uuid; std::string path; uint64_t capacity_bytes = 0; uint64_t free_bytes = 0; std::string fs_id;
+  PENSTOCK_FIELDS(uuid, path, capacity_bytes, free_bytes, fs_id);
+};
 // A data server registers at start with a stable uuid per node and per target (kept in the target
-// directory); the meta server maps them to ids that never change.
+// directory); the meta server maps them to ids that never change. A target stamped with another
+// file system's id is refused (kInvalid): its chunks are not this namespace's to serve, collect or
+// scrub. The reply's `fs_id` is what the data server stamps into targets that have none yet.
 struct RegisterNodeReq { std::string node_uuid; std::string address; std::vector<TargetReport> targets; PENSTOCK_FIELDS(node_uuid, address, targets); };
-struct RegisterNodeResp { NodeId node; std::vector<TargetId> targets; uint64_t map_version = 0; PENSTOCK_FIELDS(node, targets, map_version); };
+struct RegisterNodeResp {
+  NodeId node; std::vector<TargetId> targets; uint64_t map_version = 0; std::string fs_id;
+  PENSTOCK_FIELDS(node, targets, map_version, fs_id);
+};
 struct NodeHeartbeatReq { NodeId node; std::vector<TargetReport> targets; PENSTOCK_FIELDS(node, targets); };
 
 // ---- caches ----
@@ -131,13 +140,14 @@ struct DropCachesResp { uint64_t bytes = 0; PENSTOCK_FIELDS(bytes); };
 // One pass over every target's chunks: the chunks of inodes the namespace does not have (a create
 // a power loss took back after its data was written, a write that came after its file was
 // collected) are removed; with `dry_run` only counted. Waits for the pass (one at a time: a call
-// during a pass waits for it and runs its own after). `errors`: at most kMaxScrubErrors lines, each
+// during a pass gets kBusy). `errors`: at most kMaxScrubErrors lines, each
 // naming a target that could not be listed or a removal that failed (the pass goes on past them).
 inline constexpr size_t kMaxScrubErrors = 16;
 struct ScrubReq { bool dry_run = false; PENSTOCK_FIELDS(dry_run); };
 struct ScrubResp {
   uint32_t targets = 0;          // targets listed to the end
   uint32_t targets_failed = 0;   // targets skipped (offline, unreachable, an error listing them)
+  // Counted per target (an inode with chunks on three targets counts three times):
   uint64_t inodes = 0;           // inodes found with chunks
   uint64_t orphans = 0;          // of them, not in the namespace
   uint64_t removed = 0;          // orphans whose chunks on that target are gone now

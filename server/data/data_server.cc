@@ -160,6 +160,7 @@ std::vector<pm::TargetReport> DataServer::reports() const {
     const Target& t = store->target();
     pm::TargetReport r;
     r.uuid = t.uuid();
+    r.fs_id = t.fs_id();
     std::error_code ec;
     auto abs = std::filesystem::absolute(t.path(), ec);
     r.path = ec ? t.path() : abs.lexically_normal().string();
@@ -191,6 +192,9 @@ Status DataServer::register_node() {
     if (!resp.targets[i].valid() || served.count(resp.targets[i]) != 0) {
       return Status(Code::kProtocol, "RegisterNode answered an invalid or repeated target id");
     }
+    // Stamped before serving: from now on no other file system's meta can claim it. (A meta
+    // without ids answers none.)
+    if (!resp.fs_id.empty()) PENSTOCK_RETURN_IF_ERROR(stores_[i]->target().claim(resp.fs_id));
     served[resp.targets[i]] = stores_[i];
     ids += (i == 0 ? "" : ", ") + resp.targets[i].to_string() + "=" + stores_[i]->target().path();
   }

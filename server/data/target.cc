@@ -38,6 +38,8 @@ Status make_dir(const std::string& dir, bool* created) {
   return Status(err == ENOSPC ? Code::kNoSpace : Code::kIo, "cannot create " + dir + ": " + std::strerror(err));
 }
 
+constexpr const char* kFsIdFile = "filesystem.id";
+
 std::string bucket_name(uint32_t bucket) {
   char name[8];
   std::snprintf(name, sizeof(name), "%02x", bucket);
@@ -161,7 +163,37 @@ Result<std::unique_ptr<Target>> Target::open(const std::string& dir) {
   if (!text.has_value() || layout < kLayoutVersion) {
     PENSTOCK_RETURN_IF_ERROR(daemon::write_small_file_durably(layout_file, std::to_string(kLayoutVersion)));
   }
-  return std::unique_ptr<Target>(new Target(std::move(path), std::move(uuid)));
+  const std::string fs_file = path + "/" + kFsIdFile;
+  std::string fs_id;
+  if (auto stored = daemon::read_small_file(fs_file); stored.has_value()) {
+    if (!is_uuid(*stored)) {
+      return Status(Code::kCorrupt, fs_file + " does not hold a file-system id (32 hex digits); restore it, or "
+                                              "remove it if this target is empty");
+    }
+    fs_id = *stored;
+  } else if (struct stat st {}; ::stat(fs_file.c_str(), &st) == 0) {
+    return Status(Code::kIo, "cannot read " + fs_file + "; check its permissions");
+  }
+  return std::unique_ptr<Target>(new Target(std::move(path), std::move(uuid), std::move(fs_id)));
+}
+
+std::string Target::fs_id() const {
+  std::lock_guard lock(fs_mu_);
+  return fs_id_;
+}
+
+Status Target::claim(const std::string& id) {
+  if (!is_uuid(id)) return Status(Code::kInvalid, "'" + id + "' is not a file-system id (32 lowercase hex digits)");
+  std::lock_guard lock(fs_mu_);
+  if (fs_id_ == id) return Status::ok();
+  if (!fs_id_.empty()) {
+    return Status(Code::kInvalid, "target " + path_ + " belongs to file system " + fs_id_ + ", not " + id +
+                                      "; start this data server with that file system's --meta");
+  }
+  PENSTOCK_RETURN_IF_ERROR(daemon::write_small_file_durably(path_ + "/" + kFsIdFile, id));
+  fs_id_ = id;
+  PENSTOCK_LOG(Info) << "target " << path_ << " now belongs to file system " << id;
+  return Status::ok();
 }
 
 Result<Target::Space> Target::space() const {

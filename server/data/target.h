@@ -1,11 +1,14 @@
 // Target: one directory on a local file system where a data server keeps chunks (see
 // docs/chunk-format.md for the directory layout). Owns the directory's identity (target.uuid,
-// written durably on first use) and the path scheme; the chunk bytes are the ChunkStore's job.
-// Thread-safety: immutable after open(); every method may be called from any thread.
+// written durably on first use; filesystem.id, the file system it belongs to, stamped at its first
+// registration) and the path scheme; the chunk bytes are the ChunkStore's job.
+// Thread-safety: every method may be called from any thread (only the file-system id changes
+// after open(), under its own lock).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -34,6 +37,14 @@ class Target {
   const std::string& path() const { return path_; }
   const std::string& uuid() const { return uuid_; }
 
+  // The id of the file system this target belongs to (filesystem.id); "" before its first
+  // registration.
+  std::string fs_id() const;
+  // Makes the target belong to file system `id`: stamps filesystem.id durably when it has none;
+  // ok when it already holds `id`. kInvalid, naming both ids, when it belongs to another file
+  // system (nothing changes); kInvalid for an id that is not 32 lowercase hex digits; kIo.
+  Status claim(const std::string& id);
+
   struct Space {
     uint64_t capacity_bytes = 0;
     uint64_t free_bytes = 0;  // available to this (unprivileged) process
@@ -61,10 +72,13 @@ class Target {
   Result<std::vector<InodeId>> list_inodes(uint32_t bucket, InodeId after, size_t max, bool* more) const;
 
  private:
-  Target(std::string path, std::string uuid) : path_(std::move(path)), uuid_(std::move(uuid)) {}
+  Target(std::string path, std::string uuid, std::string fs_id)
+      : path_(std::move(path)), uuid_(std::move(uuid)), fs_id_(std::move(fs_id)) {}
 
   std::string path_;
   std::string uuid_;
+  mutable std::mutex fs_mu_;  // leaf lock; guards fs_id_
+  std::string fs_id_;
 };
 
 }  // namespace penstock::data

@@ -48,6 +48,9 @@ class CachedStore final : public Store {
   CachedStore(Store* inner, CachedStoreOptions options);
 
   Result<std::optional<std::string>> get(std::string_view key) override;
+  // Straight to the inner store's peek(): nothing is looked up in or added to this cache. The
+  // inner store holds every applied batch (writes go through), so the answer is get()'s.
+  Result<std::optional<std::string>> peek(std::string_view key) override { return inner_->peek(key); }
   Status apply(const WriteBatch& batch) override;
   Status sync() override { return inner_->sync(); }
   Status sync_soon() override { return inner_->sync_soon(); }

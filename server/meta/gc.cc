@@ -11,6 +11,10 @@ namespace penstock::meta {
 
 // ---- RpcDataNodes ----
 
+namespace {
+constexpr std::chrono::milliseconds kListTimeout{60'000};
+}  // namespace
+
 RpcDataNodes::RpcDataNodes(net::IoRuntime& runtime, std::chrono::milliseconds timeout)
     : runtime_(runtime), timeout_(timeout) {}
 
@@ -43,7 +47,10 @@ Status RpcDataNodes::remove(const std::string& address, TargetId target, InodeId
 Result<proto::data::ListInodesResp> RpcDataNodes::list_inodes(const std::string& address,
                                                               const proto::data::ListInodesReq& req) {
   PENSTOCK_ASSIGN_OR_RETURN(auto client, client_for(address));
-  auto r = client->call<proto::data::ListInodes>(req);
+  // A page reads a whole bucket directory, cold after a restart: more than a removal's deadline.
+  rpc::CallOptions opts;
+  opts.timeout = std::max(timeout_, kListTimeout);
+  auto r = client->call<proto::data::ListInodes>(req, opts);
   if (!r.has_value()) {
     return std::move(r).error().with_context("list the inodes of bucket " + std::to_string(req.bucket) +
                                              " of target " + req.target.to_string() + " at " + address);

@@ -49,7 +49,8 @@ class ChunkLister {
 };
 
 // The real remover and lister: proto::data::Remove and ListInodes over TCP, one cached RpcClient
-// per data server address. Thread-safe.
+// per data server address; `timeout` is a call's deadline (at least a minute for a listing).
+// Thread-safe.
 class RpcDataNodes final : public ChunkRemover, public ChunkLister {
  public:
   RpcDataNodes(net::IoRuntime& runtime, std::chrono::milliseconds timeout);

@@ -69,8 +69,8 @@ int run(const Flags& flags) {
     std::cerr << "penstock-meta: --record-cache-mb must be between 0 (off) and 1048576 MiB\n";
     return 2;
   }
-  if (!(flags.scrub_interval_s >= 0 && flags.scrub_interval_s <= 365.0 * 86400)) {
-    std::cerr << "penstock-meta: --scrub-interval-s must be between 0 (no background scrub) and 31536000 seconds\n";
+  if (!(flags.scrub_interval_s == 0 || (flags.scrub_interval_s >= 1 && flags.scrub_interval_s <= 365.0 * 86400))) {
+    std::cerr << "penstock-meta: --scrub-interval-s must be 0 (no background scrub) or between 1 and 31536000 seconds\n";
     return 2;
   }
   // A contended rmdir/rename waits up to the term on a worker thread: it must stay well inside a
@@ -171,6 +171,7 @@ int run(const Flags& flags) {
 
   std::string sig = daemon::wait_for_termination_signal();
   PENSTOCK_LOG(Info) << "got " << sig << ", stopping";
+  scrubber.stop();  // first: the server's stop waits for a Scrub call in flight, which this ends
   server.stop();
   {
     std::lock_guard lock(mu);
@@ -178,7 +179,6 @@ int run(const Flags& flags) {
   }
   cv.notify_all();
   expiry.join();
-  scrubber.stop();
   gc.stop();
   PENSTOCK_LOG(Info) << "penstock-meta stopped (" << (*store)->wal_syncs() << " group-commit WAL syncs, record cache "
                      << cached.hits() << " hits, " << cached.misses() << " misses)";

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <set>
 
 #include "common/base/log.h"
@@ -279,6 +280,19 @@ Status MetaService::load() {
     batch.put(std::string(schema::kUsedInodes), u64_record(used_inodes_));
     PENSTOCK_LOG(Info) << "created the root directory in " << store_->describe();
   }
+  PENSTOCK_ASSIGN_OR_RETURN(auto fs_id, store_->get(schema::kFileSystemId));
+  if (fs_id.has_value()) {
+    PENSTOCK_ASSIGN_OR_RETURN(auto rec, schema::decode_record<schema::FileSystemRecord>(*fs_id, "file system id"));
+    fs_id_ = std::move(rec.id);
+  } else {
+    // Made once (a database from before ids gets one now; its targets take it at their next
+    // registration).
+    std::random_device rd;
+    char hex[33];
+    std::snprintf(hex, sizeof hex, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+    fs_id_ = hex;
+    batch.put(std::string(schema::kFileSystemId), schema::encode_record(schema::FileSystemRecord{fs_id_}));
+  }
   // Numbers below the persisted batch end may have been handed out before a crash: skip them all,
   // and reserve the first batch of this run in the synced batch below.
   next_ino_ = ino_batch_end_;
@@ -337,7 +351,8 @@ Status MetaService::load() {
   PENSTOCK_RETURN_IF_ERROR(store_->write(batch));
   ino_synced_end_ = ino_batch_end_.load();
   PENSTOCK_LOG(Info) << "metadata loaded: " << used_inodes_ << " inodes, " << sessions_.size() << " sessions, "
-                     << nodes_.size() << " nodes, " << targets_.size() << " targets, map version " << map_version_;
+                     << nodes_.size() << " nodes, " << targets_.size() << " targets, map version " << map_version_
+                     << ", file system " << fs_id_;
   return Status::ok();
 }
 
@@ -374,21 +389,6 @@ std::vector<MetaService::ScrubTarget> MetaService::scrub_targets() {
   return out;
 }
 
-namespace {
-
-// Whether `key` is in the store, read with a scan: a scan goes past a CachedStore to the
-// database and leaves its cache as it was.
-Result<bool> has_key_uncached(Store* store, const std::string& key) {
-  bool found = false;
-  PENSTOCK_RETURN_IF_ERROR(store->scan(key, "", [&](std::string_view k, std::string_view) {
-    found = k == key;
-    return false;
-  }));
-  return found;
-}
-
-}  // namespace
-
 Result<MetaService::ChunkOwner> MetaService::chunk_owner(InodeId ino) {
   {
     // Numbers are handed out in order and never again after a restart (load() starts past every
@@ -399,10 +399,11 @@ Result<MetaService::ChunkOwner> MetaService::chunk_owner(InodeId ino) {
   // The record first, then the queue entry: an unlink between the two reads removes the record
   // and adds the entry in one batch, so the inode is seen live or collecting; a collection that
   // finishes between them leaves it an orphan, whose removal repeats the collector's.
-  PENSTOCK_ASSIGN_OR_RETURN(bool live, has_key_uncached(store_, schema::inode_key(ino)));
-  if (live) return ChunkOwner::kLive;
-  PENSTOCK_ASSIGN_OR_RETURN(bool queued, has_key_uncached(store_, schema::gc_key(ino)));
-  return queued ? ChunkOwner::kCollecting : ChunkOwner::kOrphan;
+  // peek(): a pass over every file must not evict the records and blocks clients use.
+  PENSTOCK_ASSIGN_OR_RETURN(std::optional<std::string> record, store_->peek(schema::inode_key(ino)));
+  if (record.has_value()) return ChunkOwner::kLive;
+  PENSTOCK_ASSIGN_OR_RETURN(std::optional<std::string> queued, store_->peek(schema::gc_key(ino)));
+  return queued.has_value() ? ChunkOwner::kCollecting : ChunkOwner::kOrphan;
 }
 
 void MetaService::set_scrub_runner(ScrubFn fn) {
@@ -1245,6 +1246,12 @@ Result<pm::RegisterNodeResp> MetaService::register_node_applied(const pm::Regist
   for (const auto& t : req.targets) {
     if (t.uuid.empty()) return Status(Code::kInvalid, "register node " + req.node_uuid + ": a target has an empty uuid");
     if (!seen.insert(t.uuid).second) return Status(Code::kInvalid, "register node " + req.node_uuid + ": target uuid " + t.uuid + " listed twice");
+    if (!t.fs_id.empty() && t.fs_id != fs_id_) {
+      return Status(Code::kInvalid, "target " + t.path + " (uuid " + t.uuid + ") belongs to file system " + t.fs_id +
+                                        ", but this penstock-meta serves file system " + fs_id_ +
+                                        ": is --meta wrong, or was the metadata database replaced? Its chunks are "
+                                        "not this namespace's; start the data server with that file system's meta");
+    }
   }
   std::lock_guard lock(mu_);
   int64_t now = options_.now();
@@ -1267,6 +1274,7 @@ Result<pm::RegisterNodeResp> MetaService::register_node_applied(const pm::Regist
 
   pm::RegisterNodeResp resp;
   resp.node = node.rec.id;
+  resp.fs_id = fs_id_;
   std::vector<TargetState> new_targets;
   std::vector<proto::ChainInfo> new_chains;
   for (const auto& rep : req.targets) {

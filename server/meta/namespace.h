@@ -189,8 +189,8 @@ class MetaService {
   // kCollecting (unlinked; its garbage-collection job removes them), kOrphan (not in the
   // namespace: a create a power loss took back, or a write after its file was collected; the
   // number is never handed out again) or kNeverIssued (at or past the next number to hand out:
-  // not this namespace's, left alone). Reads the store past its record cache, so a pass over
-  // every chunk does not evict the records clients use. kIo from the store.
+  // not this namespace's, left alone). Reads with Store::peek, so a pass over every chunk evicts
+  // nothing from the caches clients use. kIo from the store.
   enum class ChunkOwner { kLive, kCollecting, kOrphan, kNeverIssued };
   Result<ChunkOwner> chunk_owner(InodeId ino);
   // The scrub RPC: runs `fn` (installed by the Scrubber; kNotSupported without one).
@@ -198,6 +198,8 @@ class MetaService {
   void set_scrub_runner(ScrubFn fn);
   Result<pm::ScrubResp> scrub(const pm::ScrubReq& req);
   uint64_t map_version();
+  // This file system's id (schema kFileSystemId). Fixed after open().
+  const std::string& fs_id() const { return fs_id_; }
   const MetaOptions& options() const { return options_; }
 
  private:
@@ -307,6 +309,7 @@ class MetaService {
   std::map<uint64_t, proto::ChainInfo> chains_;
   std::function<void()> gc_wakeup_;
   ScrubFn scrub_runner_;
+  std::string fs_id_;  // set by load(), then read without the lock
   std::set<uint64_t> gc_queue_;  // inodes with a g/ entry (applied), mirrors the store's g/ keys
 };
 

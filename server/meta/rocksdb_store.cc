@@ -110,12 +110,27 @@ Result<std::unique_ptr<RocksDbStore>> RocksDbStore::open(const std::string& dir,
       new RocksDbStore(dir, std::unique_ptr<rocksdb::DB>(raw), options, std::move(block_cache)));
 }
 
-Result<std::optional<std::string>> RocksDbStore::get(std::string_view key) {
+namespace {
+
+Result<std::optional<std::string>> read_key(rocksdb::DB* db, const rocksdb::ReadOptions& ro, std::string_view key,
+                                            const std::string& dir) {
   std::string value;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), slice(key), &value);
+  rocksdb::Status s = db->Get(ro, slice(key), &value);
   if (s.IsNotFound()) return std::optional<std::string>();
-  if (!s.ok()) return from_rocks(s, "read from " + dir_);
+  if (!s.ok()) return from_rocks(s, "read from " + dir);
   return std::optional<std::string>(std::move(value));
+}
+
+}  // namespace
+
+Result<std::optional<std::string>> RocksDbStore::get(std::string_view key) {
+  return read_key(db_.get(), rocksdb::ReadOptions(), key, dir_);
+}
+
+Result<std::optional<std::string>> RocksDbStore::peek(std::string_view key) {
+  rocksdb::ReadOptions ro;
+  ro.fill_cache = false;  // blocks read for this stay out of the block cache
+  return read_key(db_.get(), ro, key, dir_);
 }
 
 Status RocksDbStore::apply(const WriteBatch& batch) {

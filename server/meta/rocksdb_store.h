@@ -47,6 +47,7 @@ class RocksDbStore final : public Store {
   ~RocksDbStore() override;
 
   Result<std::optional<std::string>> get(std::string_view key) override;
+  Result<std::optional<std::string>> peek(std::string_view key) override;
   Status apply(const WriteBatch& batch) override;
   Status sync() override;
   // One thread of the store runs sync() options.sync_soon_delay after the first request since its

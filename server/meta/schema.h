@@ -43,6 +43,9 @@ inline constexpr std::string_view kMapVersion = "c/map_version";
 inline constexpr std::string_view kUsedInodes = "c/used_inodes";
 // The longest directory-entry lease term this database was served with (restart guard).
 inline constexpr std::string_view kLeaseTerm = "c/lease_term_ns";
+// The file system's id (FileSystemRecord), made on first start: data servers stamp it into their
+// targets and are refused with a target of another file system.
+inline constexpr std::string_view kFileSystemId = "c/fs_id";
 
 inline void append_be64(std::string* out, uint64_t v) {
   for (int shift = 56; shift >= 0; shift -= 8) out->push_back(static_cast<char>((v >> shift) & 0xff));
@@ -93,6 +96,12 @@ inline std::string chain_key(ChainId c) { return key1(kChainPrefix, c.value); }
 struct U64Record {
   uint64_t value = 0;
   PENSTOCK_FIELDS(value);
+};
+
+// c/fs_id: 32 lowercase hex digits, random, made once.
+struct FileSystemRecord {
+  std::string id;
+  PENSTOCK_FIELDS(id);
 };
 
 // An inode. `parent` is kept for directories only (a directory has exactly one parent; rename

@@ -9,7 +9,9 @@ namespace penstock::meta {
 
 namespace {
 
-constexpr uint64_t kLoggedRemovals = 16;
+// Removals and numbers never handed out are logged by name this many times a pass, then only
+// counted in the pass's summary.
+constexpr uint64_t kLoggedPerPass = 16;
 
 // Logs a problem of the pass and keeps it for the reply (the first kMaxScrubErrors of them).
 void note_error(pm::ScrubResp* resp, const std::string& line) {
@@ -24,8 +26,14 @@ Scrubber::Scrubber(MetaService& service, ChunkLister& lister, ChunkRemover& remo
 
 Scrubber::~Scrubber() { stop(); }
 
-Result<pm::ScrubResp> Scrubber::run(bool dry_run) {
-  std::lock_guard pass(run_mu_);
+Result<pm::ScrubResp> Scrubber::run(bool dry_run, bool wait_for_running) {
+  std::unique_lock pass(run_mu_, std::defer_lock);
+  if (wait_for_running) {
+    pass.lock();
+  } else if (!pass.try_lock()) {
+    return Status(Code::kBusy, "a scrub pass is running; penstock-meta's log reports its end, then run it again");
+  }
+  if (stopping_.load()) return Status(Code::kUnavailable, "penstock-meta is stopping; no scrub pass now");
   const auto started = std::chrono::steady_clock::now();
   pm::ScrubResp resp;
   for (const MetaService::ScrubTarget& target : service_.scrub_targets()) {
@@ -50,7 +58,9 @@ Result<pm::ScrubResp> Scrubber::run(bool dry_run) {
 Result<bool> Scrubber::scrub_target(const MetaService::ScrubTarget& target, bool dry_run, pm::ScrubResp* resp) {
   const std::string where = "target " + target.id.to_string() + " at " + target.address;
   for (uint32_t bucket = 0; bucket < proto::data::kListBuckets; ++bucket) {
-    proto::data::ListInodesReq req{target.id, bucket, InodeId(), options_.page};
+    const uint32_t page_size =
+        options_.page == 0 || options_.page > proto::data::kMaxListInodes ? proto::data::kMaxListInodes : options_.page;
+    proto::data::ListInodesReq req{target.id, bucket, InodeId(), page_size};
     for (;;) {
       if (stopping_.load()) {
         note_error(resp, "penstock-meta is stopping: " + where + " not scrubbed to the end");
@@ -59,6 +69,11 @@ Result<bool> Scrubber::scrub_target(const MetaService::ScrubTarget& target, bool
       auto page = lister_.list_inodes(target.address, req);
       if (!page.has_value()) {
         note_error(resp, page.error().to_string() + " (" + where + " not scrubbed to the end)");
+        return false;
+      }
+      if (page->inodes.size() > req.max) {
+        note_error(resp, where + " listed " + std::to_string(page->inodes.size()) + " inodes for a page of " +
+                             std::to_string(req.max) + " (not scrubbed to the end)");
         return false;
       }
       std::vector<InodeId> orphans;
@@ -73,10 +88,12 @@ Result<bool> Scrubber::scrub_target(const MetaService::ScrubTarget& target, bool
         ++resp->inodes;
         PENSTOCK_ASSIGN_OR_RETURN(MetaService::ChunkOwner owner, service_.chunk_owner(ino));
         if (owner == MetaService::ChunkOwner::kNeverIssued) {
-          ++resp->unknown;
-          PENSTOCK_LOG(Warn) << "scrub: " << where << " holds chunks of inode " << ino.to_string()
-                             << ", a number this namespace never handed out: left alone (a target of another "
-                                "file system, or a database older than its data?)";
+          if (++resp->unknown <= kLoggedPerPass) {
+            PENSTOCK_LOG(Warn) << "scrub: " << where << " holds chunks of inode " << ino.to_string()
+                             << ", a number this namespace never handed out: left alone (is the metadata "
+                                "database older than the data, e.g. restored from a backup?)"
+                               << (resp->unknown == kLoggedPerPass ? " (further ones: see the summary)" : "");
+          }
         } else if (owner == MetaService::ChunkOwner::kOrphan) {
           orphans.push_back(ino);
         }
@@ -90,10 +107,10 @@ Result<bool> Scrubber::scrub_target(const MetaService::ScrubTarget& target, bool
           Status st = remover_.remove(target.address, target.id, ino);
           if (st.is_ok()) {
             // The first ones by name; the rest only in the pass's summary.
-            if (++resp->removed <= kLoggedRemovals) {
+            if (++resp->removed <= kLoggedPerPass) {
               PENSTOCK_LOG(Info) << "scrub: removed the chunks of inode " << ino.to_string() << " on " << where
                                  << ": no file has that inode"
-                                 << (resp->removed == kLoggedRemovals ? " (further removals: see the summary)" : "");
+                                 << (resp->removed == kLoggedPerPass ? " (further removals: see the summary)" : "");
             }
           } else {
             note_error(resp, st.to_string());
@@ -117,7 +134,7 @@ void Scrubber::start() {
   started_ = true;
   stop_requested_ = false;
   stopping_ = false;
-  service_.set_scrub_runner([this](const pm::ScrubReq& req) { return run(req.dry_run); });
+  service_.set_scrub_runner([this](const pm::ScrubReq& req) { return run(req.dry_run, /*wait_for_running=*/false); });
   if (options_.interval.count() > 0) thread_ = std::thread([this] { loop(); });
 }
 

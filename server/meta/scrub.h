@@ -9,8 +9,9 @@
 // take back (the collector's rule too).
 //
 // Passes run on demand (the meta RPC Scrub, `penstock scrub`) and, with ScrubOptions::interval,
-// in the background; one at a time.
-// Ownership: borrows the MetaService, lister and remover (all must outlive it).
+// in the background; one at a time (the RPC answers kBusy while a pass runs).
+// Ownership: borrows the MetaService, lister and remover (all must outlive it); must itself
+// outlive the RPC server whose Scrub handler calls it.
 // Thread-safety: run() may be called from any thread (passes queue on one mutex); start/stop from
 // the owning thread.
 #pragma once
@@ -44,18 +45,20 @@ class Scrubber {
   Scrubber(const Scrubber&) = delete;
   Scrubber& operator=(const Scrubber&) = delete;
 
-  // One pass over every target; waits for a pass already running first. A target that is offline
-  // or cannot be listed counts in targets_failed, with a line in errors, and the pass goes on; a
-  // failed removal is a line in errors too. Returns the store's error when the namespace cannot be
-  // read or synced (then nothing more is removed).
-  Result<pm::ScrubResp> run(bool dry_run);
+  // One pass over every target. A pass already running is waited for first, or with
+  // `wait_for_running` false answered with kBusy. A target that is offline or cannot be listed
+  // counts in targets_failed, with a line in errors, and the pass goes on; a failed removal is a
+  // line in errors too. Returns the store's error when the namespace cannot be read or synced
+  // (then nothing more is removed); kUnavailable once stop() began.
+  Result<pm::ScrubResp> run(bool dry_run, bool wait_for_running = true);
 
   // Installs run() as the service's scrub RPC and, with an interval, starts the background
   // thread. Idempotent.
   void start();
   // Uninstalls the RPC (later calls get kNotSupported), ends a running pass at its next page (its
-  // remaining targets count as not scrubbed), stops and joins the thread. Idempotent.
-  // REQUIRES: the RPC server stopped first (a call in flight runs run()).
+  // remaining targets count as not scrubbed; a call waiting for it gets kUnavailable), stops and
+  // joins the thread. Idempotent. Call it before stopping the RPC server, whose stop waits for
+  // the Scrub calls in flight.
   void stop();
 
  private:

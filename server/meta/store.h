@@ -64,6 +64,11 @@ class Store {
   // The value of `key`, or nullopt when absent. kIo / kCorrupt when the store cannot be read.
   virtual Result<std::optional<std::string>> get(std::string_view key) = 0;
 
+  // get() that leaves every cache as it was (a record cache in front, the database's block
+  // cache): for a pass over many records nobody else reads (the scrub), which must not evict
+  // those clients use. Same answer as get(). The default is get() (a store that caches nothing).
+  virtual Result<std::optional<std::string>> peek(std::string_view key) { return get(key); }
+
   // Applies every operation of `batch` atomically and makes it visible to later get/scan calls.
   // Not yet durable: call sync() before acknowledging it. kIo / kNoSpace on failure (also after a
   // failed sync: the store refuses writes from then on), and then nothing of the batch was applied.

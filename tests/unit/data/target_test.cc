@@ -128,6 +128,31 @@ TEST(Target, ListChunksSkipsLeftoverTempFiles) {
   EXPECT_EQ(*got, (std::vector<uint64_t>{0, 2, 10}));
 }
 
+TEST(Target, BelongsToOneFileSystem) {
+  TempDir tmp;
+  const std::string a(32, 'a'), b(32, 'b');
+  {
+    auto t = Target::open(tmp.path());
+    ASSERT_TRUE(t.has_value()) << t.status().to_string();
+    EXPECT_EQ((*t)->fs_id(), "");  // never registered
+    ASSERT_TRUE((*t)->claim(a).is_ok());
+    EXPECT_EQ((*t)->fs_id(), a);
+    EXPECT_TRUE((*t)->claim(a).is_ok());
+    Status other = (*t)->claim(b);
+    EXPECT_EQ(other.code(), Code::kInvalid);
+    EXPECT_NE(other.message().find("belongs to file system " + a), std::string::npos) << other.message();
+    EXPECT_EQ((*t)->claim("not-an-id").code(), Code::kInvalid);
+  }
+  auto again = Target::open(tmp.path());  // the stamp is on disk
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ((*again)->fs_id(), a);
+  EXPECT_EQ((*again)->claim(b).code(), Code::kInvalid);
+  {
+    std::ofstream(tmp.path() + "/filesystem.id") << "garbage";
+  }
+  EXPECT_EQ(Target::open(tmp.path()).status().code(), Code::kCorrupt);
+}
+
 TEST(Target, GarbageUuidFileIsCorrupt) {
   TempDir tmp;
   std::ofstream(tmp.path() + "/target.uuid") << "not-a-uuid\n";

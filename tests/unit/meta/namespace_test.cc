@@ -754,6 +754,27 @@ TYPED_TEST(NamespaceTest, ClusterRegistrationIsStableAndVersioned) {
   EXPECT_CODE(s.node_heartbeat(pm::NodeHeartbeatReq{NodeId(1), {{"t3", "", 0, 0}}}), Code::kNotFound);
 }
 
+TYPED_TEST(NamespaceTest, TargetsOfAnotherFileSystemAreRefused) {
+  auto& s = *this->svc_;
+  const std::string id = s.fs_id();
+  ASSERT_EQ(id.size(), 32u);
+  auto r = this->add_node("node-z", "127.0.0.1:9000", {"tz"});
+  EXPECT_EQ(r.fs_id, id);  // what the data server stamps into its new target
+  const size_t targets = s.get_cluster_map()->map.targets.size();
+  // A target stamped by another file system: refused, and not in the map.
+  pm::RegisterNodeReq foreign{"node-f", "127.0.0.1:9001", {{"tf", "/f", 1000, 400, std::string(32, 'a')}}};
+  auto refused = s.register_node(foreign);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.status().code(), Code::kInvalid);
+  EXPECT_NE(refused.status().message().find("belongs to file system " + std::string(32, 'a')), std::string::npos)
+      << refused.status().message();
+  EXPECT_EQ(s.get_cluster_map()->map.targets.size(), targets);
+  // Stamped with this one: welcome. The id survives a restart.
+  ASSERT_OK(s.register_node(pm::RegisterNodeReq{"node-z", "127.0.0.1:9000", {{"tz", "/z", 1000, 400, id}}}));
+  this->reopen();
+  EXPECT_EQ(this->svc_->fs_id(), id);
+}
+
 TYPED_TEST(NamespaceTest, NodeTimeoutAndReturn) {
   auto& s = *this->svc_;
   uint64_t v0 = s.map_version();

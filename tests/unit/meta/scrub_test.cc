@@ -1,6 +1,7 @@
 #include "server/meta/scrub.h"
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <set>
@@ -24,6 +25,7 @@ class FakeDataNodes final : public ChunkLister, public ChunkRemover {
  public:
   Result<proto::data::ListInodesResp> list_inodes(const std::string& address,
                                                   const proto::data::ListInodesReq& req) override {
+    if (on_list) on_list();
     std::lock_guard lock(mu_);
     ++list_calls;
     if (fail_list.count(req.target.value) != 0) return Status(Code::kUnavailable, "fake: " + address + " is down");
@@ -66,6 +68,7 @@ class FakeDataNodes final : public ChunkLister, public ChunkRemover {
   std::set<uint64_t> fail_remove;
   std::vector<std::tuple<std::string, uint64_t, uint64_t>> removed;
   std::function<void()> on_remove;
+  std::function<void()> on_list;  // called before each listing, outside the lock
   size_t list_calls = 0;
   int hostile = 0;  // 1: empty pages that promise more; 2: a page that repeats itself
 
@@ -174,18 +177,30 @@ TYPED_TEST(ScrubTest, RemovesOnlyChunksOfInodesTheNamespaceLacks) {
   InodeId live = this->create("live");
   InodeId unlinked = this->create("unlinked");
   InodeId lost = this->create("lost");
+  // Unlinked while a session has it open: no name, but alive until the last close.
+  InodeId open_unlinked = this->create("open-unlinked");
+  SessionId session = s.register_session(pm::RegisterSessionReq{"a", "h"})->session;
+  ASSERT_OK(s.open_file(pm::OpenReq{open_unlinked, session, 0}));
+  ASSERT_OK(s.unlink(pm::NameReq{kRootInode, "open-unlinked"}));
   ASSERT_OK(s.unlink(pm::NameReq{kRootInode, "unlinked"}));  // queued for the collector, not run
   this->lose_create("lost", lost, this->store_.get());
   // A number past every reservation: not this namespace's.
   const uint64_t foreign = uint64_t{1} << 40;
   this->nodes_.chunks[1] = {live.value, lost.value, foreign};
   this->nodes_.chunks[2] = {unlinked.value, lost.value};
-  this->nodes_.chunks[3] = {live.value};
+  this->nodes_.chunks[3] = {live.value, open_unlinked.value};
 
+  // The pass reads past the record cache (and RocksDB's block cache): it must not evict what
+  // clients use.
+  auto* cache = dynamic_cast<CachedStore*>(this->store_.get());
+  const uint64_t cache_lookups = cache == nullptr ? 0 : cache->hits() + cache->misses();
   pm::ScrubResp r = this->scrub(/*dry_run=*/false);
+  if (cache != nullptr) {
+    EXPECT_EQ(cache->hits() + cache->misses(), cache_lookups);
+  }
   EXPECT_EQ(r.targets, 3u);
   EXPECT_EQ(r.targets_failed, 0u);
-  EXPECT_EQ(r.inodes, 6u);
+  EXPECT_EQ(r.inodes, 7u);
   EXPECT_EQ(r.orphans, 2u);
   EXPECT_EQ(r.removed, 2u);
   EXPECT_EQ(r.unknown, 1u);
@@ -196,6 +211,7 @@ TYPED_TEST(ScrubTest, RemovesOnlyChunksOfInodesTheNamespaceLacks) {
   EXPECT_EQ(this->nodes_.removed.size(), 2u);
   EXPECT_EQ(this->nodes_.chunks[1], (std::set<uint64_t>{live.value, foreign}));
   EXPECT_EQ(this->nodes_.chunks[2], (std::set<uint64_t>{unlinked.value}));  // the collector's job
+  EXPECT_EQ(this->nodes_.chunks[3], (std::set<uint64_t>{live.value, open_unlinked.value}));
   // Every record a client uses is still there.
   EXPECT_TRUE(s.lookup(pm::LookupReq{kRootInode, "live", SessionId()}).has_value());
 
@@ -322,6 +338,59 @@ TEST(ScrubBackground, PassesRunOnTheirOwnWithAnInterval) {
   for (int i = 0; i < 1000 && nodes.removed_count() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   scrubber.stop();
   EXPECT_EQ(nodes.removed_count(), 1u);
+}
+
+TEST(ScrubStop, StopEndsARunningPassAndRefusesNewOnes) {
+  MemoryStore store;
+  FakeDataNodes nodes;
+  std::unique_ptr<MetaService> svc = service_with_one_orphan(&store, &nodes);
+  ASSERT_NE(svc, nullptr);
+  ASSERT_OK(svc->register_node(pm::RegisterNodeReq{"node-b", kNodeB, {{"t2", "/b", 10, 5}}}));
+  Scrubber scrubber(*svc, nodes, nodes);
+  scrubber.start();
+  nodes.on_list = [&] { scrubber.stop(); };  // penstock-meta stops during the first listing
+  auto r = scrubber.run(false);
+  ASSERT_TRUE(r.has_value()) << r.error().to_string();
+  EXPECT_EQ(nodes.list_calls, 1u);  // not one bucket more
+  EXPECT_EQ(r->targets, 0u);
+  EXPECT_EQ(r->targets_failed, 2u);
+  EXPECT_TRUE(nodes.removed.empty());
+  nodes.on_list = nullptr;
+  EXPECT_EQ(scrubber.run(false).status().code(), Code::kUnavailable);
+  EXPECT_EQ(svc->scrub(pm::ScrubReq{}).status().code(), Code::kNotSupported);
+}
+
+TEST(ScrubRpc, ACallDuringAPassIsBusy) {
+  MemoryStore store;
+  FakeDataNodes nodes;
+  std::unique_ptr<MetaService> svc = service_with_one_orphan(&store, &nodes);
+  ASSERT_NE(svc, nullptr);
+  Scrubber scrubber(*svc, nodes, nodes);
+  scrubber.start();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool listing = false, release = false;
+  nodes.on_list = [&] {
+    std::unique_lock lock(mu);
+    listing = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  };
+  Result<pm::ScrubResp> first = Status(Code::kInternal, "not run");
+  std::thread caller([&] { first = svc->scrub(pm::ScrubReq{}); });
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return listing; }));
+  }
+  EXPECT_EQ(svc->scrub(pm::ScrubReq{}).status().code(), Code::kBusy);
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  caller.join();
+  ASSERT_TRUE(first.has_value()) << first.error().to_string();
+  EXPECT_EQ(first->removed, 1u);
 }
 
 TEST(ScrubRpc, TheServiceRunsTheInstalledScrubber) {
