@@ -115,14 +115,18 @@ struct SetLayoutReq { InodeId ino; uint32_t chunk_size = 0; uint32_t stripe_coun
 // ---- cluster ----
 struct ClusterMapResp { ClusterMap map; PENSTOCK_FIELDS(map); };
 // `fs_id`: the file system the target belongs to (stamped at its first registration; empty before).
+// `has_chunks`: whether the target held any chunk when its server started.
 struct TargetReport {
   std::string uuid; std::string path; uint64_t capacity_bytes = 0; uint64_t free_bytes = 0; std::string fs_id;
-  PENSTOCK_FIELDS(uuid, path, capacity_bytes, free_bytes, fs_id);
+  bool has_chunks = false;
+  PENSTOCK_FIELDS(uuid, path, capacity_bytes, free_bytes, fs_id, has_chunks);
 };
 // A data server registers at start with a stable uuid per node and per target (kept in the target
 // directory); the meta server maps them to ids that never change. A target stamped with another
 // file system's id is refused (kInvalid): its chunks are not this namespace's to serve, collect or
-// scrub. The reply's `fs_id` is what the data server stamps into targets that have none yet.
+// scrub; so is an unstamped target that holds chunks but whose uuid this meta never registered
+// (written under some other file system before ids existed). The reply's `fs_id` is what the data
+// server stamps into targets that have none yet.
 struct RegisterNodeReq { std::string node_uuid; std::string address; std::vector<TargetReport> targets; PENSTOCK_FIELDS(node_uuid, address, targets); };
 struct RegisterNodeResp {
   NodeId node; std::vector<TargetId> targets; uint64_t map_version = 0; std::string fs_id;

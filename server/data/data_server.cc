@@ -181,22 +181,28 @@ Status DataServer::register_node() {
   req.node_uuid = node_uuid_;
   req.address = address_;
   req.targets = reports();
+  for (size_t i = 0; i < stores_.size(); ++i) req.targets[i].has_chunks = stores_[i]->target().has_chunks();
   PENSTOCK_ASSIGN_OR_RETURN(pm::RegisterNodeResp resp, meta_->call<pm::RegisterNode>(req));
   if (resp.targets.size() != stores_.size()) {
     return Status(Code::kProtocol, "RegisterNode answered " + std::to_string(resp.targets.size()) +
                                        " target ids for " + std::to_string(stores_.size()) + " targets");
   }
+  if (resp.fs_id.empty()) return Status(Code::kProtocol, "RegisterNode answered no file-system id");
   std::unordered_map<TargetId, std::shared_ptr<ChunkStore>> served;
   std::string ids;
   for (size_t i = 0; i < stores_.size(); ++i) {
     if (!resp.targets[i].valid() || served.count(resp.targets[i]) != 0) {
       return Status(Code::kProtocol, "RegisterNode answered an invalid or repeated target id");
     }
-    // Stamped before serving: from now on no other file system's meta can claim it. (A meta
-    // without ids answers none.)
-    if (!resp.fs_id.empty()) PENSTOCK_RETURN_IF_ERROR(stores_[i]->target().claim(resp.fs_id));
+    // Stamped before serving: from now on no other file system's meta can claim it. A target
+    // that cannot be stamped (a full or read-only disk) is not served; the others are, and the
+    // next registration (after a restart of either side) tries it again.
+    if (Status claimed = stores_[i]->target().claim(resp.fs_id); !claimed.is_ok()) {
+      PENSTOCK_LOG(Error) << "not serving target " << stores_[i]->target().path() << ": " << claimed.to_string();
+      continue;
+    }
     served[resp.targets[i]] = stores_[i];
-    ids += (i == 0 ? "" : ", ") + resp.targets[i].to_string() + "=" + stores_[i]->target().path();
+    ids += (ids.empty() ? "" : ", ") + resp.targets[i].to_string() + "=" + stores_[i]->target().path();
   }
   service_.set_served(std::move(served));
   node_ = resp.node;

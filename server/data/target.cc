@@ -177,6 +177,25 @@ Result<std::unique_ptr<Target>> Target::open(const std::string& dir) {
   return std::unique_ptr<Target>(new Target(std::move(path), std::move(uuid), std::move(fs_id)));
 }
 
+bool Target::has_chunks() const {
+  for (uint32_t b = 0; b < kBuckets; ++b) {
+    const std::string dir = path_ + "/chunks/" + bucket_name(b);
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return true;
+    bool found = false;
+    while (dirent* e = ::readdir(d)) {
+      const std::string_view name(e->d_name);
+      if (name != "." && name != "..") {
+        found = true;
+        break;
+      }
+    }
+    ::closedir(d);
+    if (found) return true;
+  }
+  return false;
+}
+
 std::string Target::fs_id() const {
   std::lock_guard lock(fs_mu_);
   return fs_id_;

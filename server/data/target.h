@@ -45,6 +45,10 @@ class Target {
   // system (nothing changes); kInvalid for an id that is not 32 lowercase hex digits; kIo.
   Status claim(const std::string& id);
 
+  // Whether any bucket holds anything (a chunk, a leftover .tmp, an inode directory): reads the
+  // buckets until the first entry. A bucket that cannot be read counts as holding something.
+  bool has_chunks() const;
+
   struct Space {
     uint64_t capacity_bytes = 0;
     uint64_t free_bytes = 0;  // available to this (unprivileged) process

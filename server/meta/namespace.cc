@@ -283,6 +283,10 @@ Status MetaService::load() {
   PENSTOCK_ASSIGN_OR_RETURN(auto fs_id, store_->get(schema::kFileSystemId));
   if (fs_id.has_value()) {
     PENSTOCK_ASSIGN_OR_RETURN(auto rec, schema::decode_record<schema::FileSystemRecord>(*fs_id, "file system id"));
+    if (rec.id.size() != 32 || rec.id.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      return Status(Code::kCorrupt, "the file system id in the database ('" + rec.id +
+                                        "') is not 32 lowercase hex digits; restore the database from a backup");
+    }
     fs_id_ = std::move(rec.id);
   } else {
     // Made once (a database from before ids gets one now; its targets take it at their next
@@ -1282,6 +1286,11 @@ Result<pm::RegisterNodeResp> MetaService::register_node_applied(const pm::Regist
     const TargetState* existing = find_by_uuid(targets_, rep.uuid);
     if (existing != nullptr) {
       t = *existing;
+    } else if (rep.fs_id.empty() && rep.has_chunks) {
+      // Nothing is applied yet: the whole registration is refused.
+      return Status(Code::kInvalid, "target " + rep.path + " (uuid " + rep.uuid + ") holds chunks but belongs to no "
+                                        "file system and was never registered with this one: is --meta wrong? If "
+                                        "its chunks are garbage, empty its chunks/ directory");
     } else {
       t.rec.id = TargetId(next_target++);
       t.rec.uuid = rep.uuid;

@@ -104,6 +104,10 @@ Result<bool> Scrubber::scrub_target(const MetaService::ScrubTarget& target, bool
         // back, so no chunk goes for a file a restart would bring back.
         PENSTOCK_RETURN_IF_ERROR(service_.sync_log().with_context("sync before scrub removals"));
         for (InodeId ino : orphans) {
+          if (stopping_.load()) {
+            note_error(resp, "penstock-meta is stopping: " + where + " not scrubbed to the end");
+            return false;
+          }
           Status st = remover_.remove(target.address, target.id, ino);
           if (st.is_ok()) {
             // The first ones by name; the rest only in the pass's summary.
@@ -157,7 +161,7 @@ void Scrubber::loop() {
   while (!cv_.wait_for(lock, wait, [this] { return stop_requested_; })) {
     lock.unlock();
     auto r = run(/*dry_run=*/false);
-    if (!r.has_value()) {
+    if (!r.has_value() && !stopping_.load()) {
       PENSTOCK_LOG(Error) << "scrub pass failed: " << r.error().to_string();
     }
     lock.lock();

@@ -12,8 +12,8 @@
 // in the background; one at a time (the RPC answers kBusy while a pass runs).
 // Ownership: borrows the MetaService, lister and remover (all must outlive it); must itself
 // outlive the RPC server whose Scrub handler calls it.
-// Thread-safety: run() may be called from any thread (passes queue on one mutex); start/stop from
-// the owning thread.
+// Thread-safety: run() may be called from any thread (a pass waits for the one running, or is
+// refused with kBusy); start/stop from the owning thread.
 #pragma once
 
 #include <atomic>

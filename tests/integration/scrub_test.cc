@@ -61,6 +61,22 @@ class ScrubTest : public ClusterTest {
   }
 };
 
+// Every target took the file system's id at registration (what keeps other file systems' metas
+// off it); penstock-meta logs the id when it loads.
+TEST_F(ScrubTest, TargetsCarryTheFileSystemId) {
+  std::string meta_log;
+  ASSERT_TRUE(read_file(cluster_.state_dir() + "/logs/meta.log", &meta_log));
+  const std::string key = ", file system ";
+  const size_t at = meta_log.find(key);
+  ASSERT_NE(at, std::string::npos) << meta_log;
+  const std::string id = meta_log.substr(at + key.size(), 32);
+  for (int k = 1; k <= 3; ++k) {
+    std::string stamp;
+    ASSERT_TRUE(read_file(cluster_.state_dir() + "/data" + std::to_string(k) + "/filesystem.id", &stamp));
+    EXPECT_EQ(stamp, id + "\n");
+  }
+}
+
 TEST_F(ScrubTest, RemovesChunksNoFileOwnsAndKeepsEveryFile) {
   const std::string keep = cluster_.mount_path() + "/keep.bin";
   const std::string gone = cluster_.mount_path() + "/gone.bin";

@@ -153,6 +153,15 @@ TEST(Target, BelongsToOneFileSystem) {
   EXPECT_EQ(Target::open(tmp.path()).status().code(), Code::kCorrupt);
 }
 
+TEST(Target, HasChunksSeesAnyBucketEntry) {
+  TempDir tmp;
+  auto t = Target::open(tmp.path());
+  ASSERT_TRUE(t.has_value());
+  EXPECT_FALSE((*t)->has_chunks());
+  { std::ofstream(tmp.path() + "/chunks/ff/255.0.tmp") << "x"; }
+  EXPECT_TRUE((*t)->has_chunks());
+}
+
 TEST(Target, GarbageUuidFileIsCorrupt) {
   TempDir tmp;
   std::ofstream(tmp.path() + "/target.uuid") << "not-a-uuid\n";

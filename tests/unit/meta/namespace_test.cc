@@ -769,10 +769,34 @@ TYPED_TEST(NamespaceTest, TargetsOfAnotherFileSystemAreRefused) {
   EXPECT_NE(refused.status().message().find("belongs to file system " + std::string(32, 'a')), std::string::npos)
       << refused.status().message();
   EXPECT_EQ(s.get_cluster_map()->map.targets.size(), targets);
+  // Unstamped, from before ids: taken when this meta knows it or it is empty, refused when it holds
+  // chunks this meta never registered.
+  pm::RegisterNodeReq unknown{"node-u", "127.0.0.1:9002", {{"tu", "/u", 1000, 400, "", /*has_chunks=*/true}}};
+  auto refused_unknown = s.register_node(unknown);
+  ASSERT_FALSE(refused_unknown.has_value());
+  EXPECT_EQ(refused_unknown.status().code(), Code::kInvalid);
+  EXPECT_NE(refused_unknown.status().message().find("never registered"), std::string::npos);
+  EXPECT_EQ(s.get_cluster_map()->map.targets.size(), targets);
+  ASSERT_OK(s.register_node(pm::RegisterNodeReq{"node-z", "127.0.0.1:9000", {{"tz", "/z", 1000, 400, "", true}}}));
+  ASSERT_OK(s.register_node(pm::RegisterNodeReq{"node-e", "127.0.0.1:9003", {{"te", "/e", 1000, 400, "", false}}}));
   // Stamped with this one: welcome. The id survives a restart.
   ASSERT_OK(s.register_node(pm::RegisterNodeReq{"node-z", "127.0.0.1:9000", {{"tz", "/z", 1000, 400, id}}}));
   this->reopen();
   EXPECT_EQ(this->svc_->fs_id(), id);
+}
+
+TEST(NamespaceFileSystemId, AGarbledIdStopsTheLoad) {
+  MemoryStore store;
+  {
+    auto s = MetaService::open(&store, MetaOptions{});
+    ASSERT_TRUE(s.has_value()) << s.error().to_string();
+  }
+  WriteBatch b;
+  b.put(std::string(schema::kFileSystemId), schema::encode_record(schema::FileSystemRecord{"not-hex"}));
+  ASSERT_OK(store.apply(b));
+  auto again = MetaService::open(&store, MetaOptions{});
+  ASSERT_FALSE(again.has_value());
+  EXPECT_EQ(again.status().code(), Code::kCorrupt);
 }
 
 TYPED_TEST(NamespaceTest, NodeTimeoutAndReturn) {

@@ -360,6 +360,38 @@ TEST(ScrubStop, StopEndsARunningPassAndRefusesNewOnes) {
   EXPECT_EQ(svc->scrub(pm::ScrubReq{}).status().code(), Code::kNotSupported);
 }
 
+TEST(ScrubStop, StopEndsAPageOfRemovals) {
+  MemoryStore store;
+  auto opened = MetaService::open(&store, MetaOptions{});
+  ASSERT_TRUE(opened.has_value()) << opened.error().to_string();
+  MetaService& svc = **opened;
+  ASSERT_OK(svc.register_node(pm::RegisterNodeReq{"node-a", kNodeA, {{"t1", "/a", 10, 5}}}));
+  // Two lost creates in one bucket: one page, two removals.
+  std::vector<InodeId> inos;
+  for (int i = 0; i <= static_cast<int>(proto::data::kListBuckets); ++i) {
+    auto r = svc.create(pm::CreateReq{kRootInode, testing::numbered("f", i), 0644, {}, SessionId()});
+    ASSERT_TRUE(r.has_value()) << r.error().to_string();
+    inos.push_back(r->attr.ino);
+  }
+  FakeDataNodes nodes;
+  for (int i : {0, static_cast<int>(proto::data::kListBuckets)}) {
+    WriteBatch b;
+    b.del(schema::dentry_key(kRootInode, testing::numbered("f", i)));
+    b.del(schema::inode_key(inos[i]));
+    ASSERT_OK(store.apply(b));
+    nodes.chunks[1].insert(inos[i].value);
+  }
+  ASSERT_EQ(inos[0].value % proto::data::kListBuckets, inos.back().value % proto::data::kListBuckets);
+  Scrubber scrubber(svc, nodes, nodes);
+  nodes.on_remove = [&] { scrubber.stop(); };  // penstock-meta stops during the first removal
+  scrubber.start();
+  auto r = scrubber.run(false);
+  ASSERT_TRUE(r.has_value()) << r.error().to_string();
+  EXPECT_EQ(r->orphans, 2u);
+  EXPECT_EQ(nodes.removed_count(), 1u);  // the page's second removal never started
+  EXPECT_EQ(r->targets_failed, 1u);
+}
+
 TEST(ScrubRpc, ACallDuringAPassIsBusy) {
   MemoryStore store;
   FakeDataNodes nodes;
@@ -378,11 +410,15 @@ TEST(ScrubRpc, ACallDuringAPassIsBusy) {
   };
   Result<pm::ScrubResp> first = Status(Code::kInternal, "not run");
   std::thread caller([&] { first = svc->scrub(pm::ScrubReq{}); });
+  bool started = false;
   {
     std::unique_lock lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return listing; }));
+    started = cv.wait_for(lock, std::chrono::seconds(30), [&] { return listing; });
   }
-  EXPECT_EQ(svc->scrub(pm::ScrubReq{}).status().code(), Code::kBusy);
+  EXPECT_TRUE(started);  // EXPECT, not ASSERT: the caller thread is joined below either way
+  if (started) {
+    EXPECT_EQ(svc->scrub(pm::ScrubReq{}).status().code(), Code::kBusy);
+  }
   {
     std::lock_guard lock(mu);
     release = true;
