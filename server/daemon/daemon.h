@@ -29,7 +29,9 @@ Status ensure_directory(const std::string& dir);
 Result<std::string> read_small_file(const std::string& path);
 // Writes a small file durably (write to .tmp, fsync, rename, fsync dir).
 Status write_small_file_durably(const std::string& path, const std::string& contents);
-// A new random 128-bit id as 32 hex digits.
+// A new random 128-bit id as 32 lowercase hex digits.
 std::string random_uuid();
+// Whether `s` is such an id (32 lowercase hex digits).
+bool is_uuid(const std::string& s);
 
 }  // namespace penstock::daemon

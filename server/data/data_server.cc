@@ -15,17 +15,11 @@ namespace {
 namespace pd = proto::data;
 namespace pm = proto::meta;
 
-bool is_uuid(const std::string& s) {
-  return s.size() == 32 && std::all_of(s.begin(), s.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
-
 Result<std::string> load_node_uuid(const std::string& target_dir) {
   std::string file = target_dir + "/node.uuid";
   auto existing = daemon::read_small_file(file);
   if (existing.has_value()) {
-    if (!is_uuid(*existing)) {
+    if (!daemon::is_uuid(*existing)) {
       return Status(Code::kCorrupt, file + " does not hold a node uuid (32 hex digits); remove it only if this "
                                            "node was never registered, else restore it");
     }

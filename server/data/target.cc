@@ -21,12 +21,6 @@
 namespace penstock::data {
 namespace {
 
-bool is_uuid(const std::string& s) {
-  return s.size() == 32 && std::all_of(s.begin(), s.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
-
 // mkdir that accepts an existing directory; sets *created when it made one.
 Status make_dir(const std::string& dir, bool* created) {
   if (::mkdir(dir.c_str(), 0755) == 0) {
@@ -115,7 +109,7 @@ Result<std::unique_ptr<Target>> Target::open(const std::string& dir) {
   auto existing = daemon::read_small_file(uuid_file);
   if (existing.has_value()) {
     uuid = *existing;
-    if (!is_uuid(uuid)) {
+    if (!daemon::is_uuid(uuid)) {
       return Status(Code::kCorrupt, uuid_file + " does not hold a target uuid (32 hex digits); "
                                     "restore it from a backup or point --target at another directory");
     }
@@ -166,7 +160,7 @@ Result<std::unique_ptr<Target>> Target::open(const std::string& dir) {
   const std::string fs_file = path + "/" + kFsIdFile;
   std::string fs_id;
   if (auto stored = daemon::read_small_file(fs_file); stored.has_value()) {
-    if (!is_uuid(*stored)) {
+    if (!daemon::is_uuid(*stored)) {
       return Status(Code::kCorrupt, fs_file + " does not hold a file-system id (32 hex digits); restore it, or "
                                               "remove it if this target is empty");
     }
@@ -179,7 +173,7 @@ Result<std::unique_ptr<Target>> Target::open(const std::string& dir) {
 
 bool Target::has_chunks() const {
   for (uint32_t b = 0; b < kBuckets; ++b) {
-    const std::string dir = path_ + "/chunks/" + bucket_name(b);
+    const std::string dir = bucket_path(b);
     DIR* d = ::opendir(dir.c_str());
     if (d == nullptr) return true;
     bool found = false;
@@ -202,7 +196,7 @@ std::string Target::fs_id() const {
 }
 
 Status Target::claim(const std::string& id) {
-  if (!is_uuid(id)) return Status(Code::kInvalid, "'" + id + "' is not a file-system id (32 lowercase hex digits)");
+  if (!daemon::is_uuid(id)) return Status(Code::kInvalid, "'" + id + "' is not a file-system id (32 lowercase hex digits)");
   std::lock_guard lock(fs_mu_);
   if (fs_id_ == id) return Status::ok();
   if (!fs_id_.empty()) {
@@ -226,9 +220,9 @@ Result<Target::Space> Target::space() const {
   return s;
 }
 
-std::string Target::bucket_dir(InodeId ino) const {
-  return path_ + "/chunks/" + bucket_name(static_cast<uint32_t>(ino.value % kBuckets));
-}
+std::string Target::bucket_path(uint32_t bucket) const { return path_ + "/chunks/" + bucket_name(bucket); }
+
+std::string Target::bucket_dir(InodeId ino) const { return bucket_path(static_cast<uint32_t>(ino.value % kBuckets)); }
 
 std::string Target::inode_dir(InodeId ino) const { return bucket_dir(ino) + "/" + std::to_string(ino.value); }
 
@@ -271,7 +265,7 @@ Result<std::vector<InodeId>> Target::list_inodes(uint32_t bucket, InodeId after,
     return Status(Code::kInvalid, "bucket " + std::to_string(bucket) + " is out of range (0 to " +
                                       std::to_string(kBuckets - 1) + ")");
   }
-  const std::string dir = path_ + "/chunks/" + bucket_name(bucket);
+  const std::string dir = bucket_path(bucket);
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return Status(Code::kIo, "cannot list " + dir + ": " + std::strerror(errno));
   std::vector<uint64_t> found;

@@ -76,6 +76,9 @@ class Target {
   Result<std::vector<InodeId>> list_inodes(uint32_t bucket, InodeId after, size_t max, bool* more) const;
 
  private:
+  // The directory of bucket `bucket` (< kBuckets).
+  std::string bucket_path(uint32_t bucket) const;
+
   Target(std::string path, std::string uuid, std::string fs_id)
       : path_(std::move(path)), uuid_(std::move(uuid)), fs_id_(std::move(fs_id)) {}
 

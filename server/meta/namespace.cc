@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <set>
 
 #include "common/base/log.h"
 #include "common/layout/layout.h"
 #include "common/net/endpoint.h"
+#include "server/daemon/daemon.h"
 
 namespace penstock::meta {
 
@@ -283,7 +283,7 @@ Status MetaService::load() {
   PENSTOCK_ASSIGN_OR_RETURN(auto fs_id, store_->get(schema::kFileSystemId));
   if (fs_id.has_value()) {
     PENSTOCK_ASSIGN_OR_RETURN(auto rec, schema::decode_record<schema::FileSystemRecord>(*fs_id, "file system id"));
-    if (rec.id.size() != 32 || rec.id.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    if (!daemon::is_uuid(rec.id)) {
       return Status(Code::kCorrupt, "the file system id in the database ('" + rec.id +
                                         "') is not 32 lowercase hex digits; restore the database from a backup");
     }
@@ -291,10 +291,7 @@ Status MetaService::load() {
   } else {
     // Made once (a database from before ids gets one now; its targets take it at their next
     // registration).
-    std::random_device rd;
-    char hex[33];
-    std::snprintf(hex, sizeof hex, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
-    fs_id_ = hex;
+    fs_id_ = daemon::random_uuid();
     batch.put(std::string(schema::kFileSystemId), schema::encode_record(schema::FileSystemRecord{fs_id_}));
   }
   // Numbers below the persisted batch end may have been handed out before a crash: skip them all,

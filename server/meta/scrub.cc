@@ -55,6 +55,12 @@ Result<pm::ScrubResp> Scrubber::run(bool dry_run, bool wait_for_running) {
   return resp;
 }
 
+bool Scrubber::stopped(const std::string& where, pm::ScrubResp* resp) const {
+  if (!stopping_.load()) return false;
+  note_error(resp, "penstock-meta is stopping: " + where + " not scrubbed to the end");
+  return true;
+}
+
 Result<bool> Scrubber::scrub_target(const MetaService::ScrubTarget& target, bool dry_run, pm::ScrubResp* resp) {
   const std::string where = "target " + target.id.to_string() + " at " + target.address;
   for (uint32_t bucket = 0; bucket < proto::data::kListBuckets; ++bucket) {
@@ -62,10 +68,7 @@ Result<bool> Scrubber::scrub_target(const MetaService::ScrubTarget& target, bool
         options_.page == 0 || options_.page > proto::data::kMaxListInodes ? proto::data::kMaxListInodes : options_.page;
     proto::data::ListInodesReq req{target.id, bucket, InodeId(), page_size};
     for (;;) {
-      if (stopping_.load()) {
-        note_error(resp, "penstock-meta is stopping: " + where + " not scrubbed to the end");
-        return false;
-      }
+      if (stopped(where, resp)) return false;
       auto page = lister_.list_inodes(target.address, req);
       if (!page.has_value()) {
         note_error(resp, page.error().to_string() + " (" + where + " not scrubbed to the end)");
@@ -104,10 +107,7 @@ Result<bool> Scrubber::scrub_target(const MetaService::ScrubTarget& target, bool
         // back, so no chunk goes for a file a restart would bring back.
         PENSTOCK_RETURN_IF_ERROR(service_.sync_log().with_context("sync before scrub removals"));
         for (InodeId ino : orphans) {
-          if (stopping_.load()) {
-            note_error(resp, "penstock-meta is stopping: " + where + " not scrubbed to the end");
-            return false;
-          }
+          if (stopped(where, resp)) return false;
           Status st = remover_.remove(target.address, target.id, ino);
           if (st.is_ok()) {
             // The first ones by name; the rest only in the pass's summary.

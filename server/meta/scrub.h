@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "common/base/result.h"
@@ -64,6 +65,8 @@ class Scrubber {
  private:
   // Scrubs one target into `resp`; false when it could not be listed to the end.
   Result<bool> scrub_target(const MetaService::ScrubTarget& target, bool dry_run, pm::ScrubResp* resp);
+  // Whether stop() began; if so, notes that `where` was not scrubbed to the end.
+  bool stopped(const std::string& where, pm::ScrubResp* resp) const;
   void loop();
 
   MetaService& service_;

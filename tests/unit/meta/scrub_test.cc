@@ -99,6 +99,15 @@ class SyncCountingStore final : public Store {
 constexpr const char* kNodeA = "127.0.0.1:7700";
 constexpr const char* kNodeB = "127.0.0.1:7701";
 
+// What a power loss leaves of a create whose WAL never reached the disk: no record of the file
+// `name` in the root (its number stays used: a restart starts past its reservation).
+Status lose_create(Store* store, const std::string& name, InodeId ino) {
+  WriteBatch b;
+  b.del(schema::dentry_key(kRootInode, name));
+  b.del(schema::inode_key(ino));
+  return store->apply(b);
+}
+
 // A service over `store` with one data server (target 1 at kNodeA) that holds the chunks of one
 // file whose create was lost (its records gone, its number used): one orphan for the scrub.
 std::unique_ptr<MetaService> service_with_one_orphan(Store* store, FakeDataNodes* nodes) {
@@ -111,10 +120,7 @@ std::unique_ptr<MetaService> service_with_one_orphan(Store* store, FakeDataNodes
   auto f = svc->create(pm::CreateReq{kRootInode, "f", 0644, {}, SessionId()});
   EXPECT_TRUE(f.has_value());
   if (!f.has_value()) return nullptr;
-  WriteBatch b;
-  b.del(schema::dentry_key(kRootInode, "f"));
-  b.del(schema::inode_key(f->attr.ino));
-  Status applied = store->apply(b);
+  Status applied = lose_create(store, "f", f->attr.ino);
   EXPECT_TRUE(applied.is_ok()) << applied.to_string();
   nodes->chunks[1] = {f->attr.ino.value};
   return svc;
@@ -147,14 +153,6 @@ class ScrubTest : public ::testing::Test {
     EXPECT_TRUE(r.has_value()) << r.error().to_string();
     return r.has_value() ? r->attr.ino : InodeId();
   }
-  // What a power loss leaves of a create whose WAL never reached the disk: no record of the file
-  // (its number stays used: a restart starts past its reservation).
-  void lose_create(const std::string& name, InodeId ino, Store* store) {
-    WriteBatch b;
-    b.del(schema::dentry_key(kRootInode, name));
-    b.del(schema::inode_key(ino));
-    ASSERT_OK(store->apply(b));
-  }
   pm::ScrubResp scrub(bool dry_run) {
     auto r = scrubber_->run(dry_run);
     EXPECT_TRUE(r.has_value()) << r.error().to_string();
@@ -183,7 +181,7 @@ TYPED_TEST(ScrubTest, RemovesOnlyChunksOfInodesTheNamespaceLacks) {
   ASSERT_OK(s.open_file(pm::OpenReq{open_unlinked, session, 0}));
   ASSERT_OK(s.unlink(pm::NameReq{kRootInode, "open-unlinked"}));
   ASSERT_OK(s.unlink(pm::NameReq{kRootInode, "unlinked"}));  // queued for the collector, not run
-  this->lose_create("lost", lost, this->store_.get());
+  ASSERT_OK(lose_create(this->store_.get(), "lost", lost));
   // A number past every reservation: not this namespace's.
   const uint64_t foreign = uint64_t{1} << 40;
   this->nodes_.chunks[1] = {live.value, lost.value, foreign};
@@ -223,7 +221,7 @@ TYPED_TEST(ScrubTest, RemovesOnlyChunksOfInodesTheNamespaceLacks) {
 
 TYPED_TEST(ScrubTest, DryRunCountsAndRemovesNothing) {
   InodeId lost = this->create("lost");
-  this->lose_create("lost", lost, this->store_.get());
+  ASSERT_OK(lose_create(this->store_.get(), "lost", lost));
   this->nodes_.chunks[3] = {lost.value};
   pm::ScrubResp r = this->scrub(/*dry_run=*/true);
   EXPECT_EQ(r.orphans, 1u);
@@ -234,7 +232,7 @@ TYPED_TEST(ScrubTest, DryRunCountsAndRemovesNothing) {
 
 TYPED_TEST(ScrubTest, TargetsThatFailAreReportedAndTheRestScrubbed) {
   InodeId lost = this->create("lost");
-  this->lose_create("lost", lost, this->store_.get());
+  ASSERT_OK(lose_create(this->store_.get(), "lost", lost));
   this->nodes_.chunks[1] = {lost.value};
   this->nodes_.chunks[3] = {lost.value};
   this->nodes_.fail_list = {1};
@@ -286,10 +284,7 @@ TEST(ScrubPaging, EveryInodeOfABucketIsSeenAcrossPages) {
   }
   FakeDataNodes nodes;
   for (size_t i = 0; i < lost.size(); ++i) {
-    WriteBatch b;
-    b.del(schema::dentry_key(kRootInode, testing::numbered("f", static_cast<long>(2 * i))));
-    b.del(schema::inode_key(lost[i]));
-    ASSERT_OK(store.apply(b));
+    ASSERT_OK(lose_create(&store, testing::numbered("f", static_cast<long>(2 * i)), lost[i]));
     nodes.chunks[1].insert(lost[i].value);
   }
   // One page per inode, or one for an empty bucket.
@@ -375,10 +370,7 @@ TEST(ScrubStop, StopEndsAPageOfRemovals) {
   }
   FakeDataNodes nodes;
   for (int i : {0, static_cast<int>(proto::data::kListBuckets)}) {
-    WriteBatch b;
-    b.del(schema::dentry_key(kRootInode, testing::numbered("f", i)));
-    b.del(schema::inode_key(inos[i]));
-    ASSERT_OK(store.apply(b));
+    ASSERT_OK(lose_create(&store, testing::numbered("f", i), inos[i]));
     nodes.chunks[1].insert(inos[i].value);
   }
   ASSERT_EQ(inos[0].value % proto::data::kListBuckets, inos.back().value % proto::data::kListBuckets);
