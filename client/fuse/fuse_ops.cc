@@ -65,6 +65,22 @@ constexpr bool kNoFlushForReadOnly = true;
 
 constexpr uint32_t kMaxWrite = 1u << 20;
 
+// A write-only open bypasses the page cache (FOPEN_DIRECT_IO, MountSettings::cached_writes): the
+// writer's bytes come to us from its own buffer, one copy and no page-cache pages fewer. Other
+// descriptors of the file may still cache (a reader opened before, a private mapping), and the
+// kernel does not drop their pages for a direct write, so each write drops its range here before
+// it is answered: a read that follows the write() fetches the new bytes, as on a local disk.
+void drop_cached_range(fuse_req_t req, fuse_ino_t ino, off_t off, size_t size) {
+  fuse_session* se = static_cast<MountState*>(fuse_req_userdata(req))->session;
+  if (se == nullptr || size == 0) return;
+  const int rc = fuse_lowlevel_notify_inval_inode(se, ino, off, static_cast<off_t>(size));
+  // ENOENT: the kernel holds no inode (so no pages) for it.
+  if (rc != 0 && rc != -ENOENT) {
+    PENSTOCK_LOG(Warn) << "cannot drop the kernel's cached pages of inode " << ino << " after a direct write: "
+                       << std::strerror(-rc) << " (a descriptor that caches may read the old bytes until reopened)";
+  }
+}
+
 // An open regular file. Immutable after open except the size hint.
 struct FileHandle {
   InodeId ino;
@@ -72,6 +88,7 @@ struct FileHandle {
   std::atomic<uint64_t> size_hint{0};  // the size known at open (or after our own truncate)
   bool keep_cache = false;             // the kernel may keep its pages (see kKeepCacheWhenUnchanged)
   bool writable = true;                // opened for writing: its close flushes (kNoFlushForReadOnly)
+  bool direct = false;                 // FOPEN_DIRECT_IO: its writes drop their range (drop_cached_range)
   client::WriteCursor write_cursor;    // this handle's place in the file's write errors
   std::unique_ptr<client::ReadContext> read_ctx;  // cache generation and read-ahead streams
 };
@@ -393,7 +410,9 @@ void reply_open_handle(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<FileH
   FileHandle* raw = fh.release();
   fi->fh = reinterpret_cast<uint64_t>(raw);
   fi->keep_cache = (kKeepCacheWhenUnchanged && raw->keep_cache) ? 1 : 0;
-  fi->direct_io = static_cast<MountState*>(fuse_req_userdata(req))->direct_io ? 1 : 0;
+  const MountState* mount = static_cast<MountState*>(fuse_req_userdata(req));
+  raw->direct = mount->direct_io || (mount->direct_writes && (fi->flags & O_ACCMODE) == O_WRONLY);
+  fi->direct_io = raw->direct ? 1 : 0;
   raw->writable = !kNoFlushForReadOnly || (fi->flags & O_ACCMODE) != O_RDONLY;
   fi->noflush = raw->writable ? 0 : 1;
   // Every handle, read-only ones too: as on Linux, fsync of any descriptor reports a write error
@@ -476,6 +495,7 @@ void do_write(fuse_req_t req, fuse_ino_t ino, std::span<const uint8_t> data, off
   FileHandle* fh = file_of(fi);
   Status st = client_of(req).write(fh->ino, fh->layout, static_cast<uint64_t>(off), data, &fh->write_cursor);
   if (!st.is_ok()) return reply_status(req, st, "write", ino);
+  if (fh->direct) drop_cached_range(req, ino, off, data.size());
   fuse_reply_write(req, data.size());
 }
 

@@ -17,6 +17,7 @@ namespace penstock::fuse {
 struct MountState {
   client::Client* client = nullptr;
   bool direct_io = false;  // FOPEN_DIRECT_IO on every open (MountSettings::direct_io)
+  bool direct_writes = false;  // ...and on write-only opens (!MountSettings::cached_writes)
   fuse_session* session = nullptr;  // for invalidation notices; set once the session exists
 };
 

@@ -27,6 +27,12 @@ struct MountSettings {
   // here. Costs: no shared writable mmap (MAP_SHARED fails with ENODEV; libfuse 3.14 cannot ask
   // for the kernel's direct-io mmap), and repeated small reads always cross FUSE.
   bool direct_io = false;
+  // Write-only opens (O_WRONLY: a checkpoint shard, a dataset file being written) go through the
+  // page cache too, as every other open does. Off by default: such an open gets FOPEN_DIRECT_IO,
+  // which saves the writer's copy into the page cache and the pages' bookkeeping (the bytes are
+  // not read back through that descriptor, and O_WRONLY cannot be mapped), and each write drops
+  // the range from the page cache for the descriptors that do cache (fuse_ops.cc).
+  bool cached_writes = false;
   bool foreground = false;     // stay in the foreground (no daemonizing)
   bool read_only = false;      // mount read-only ("ro")
   std::string log_level = "info";
@@ -52,7 +58,7 @@ struct MountSettings {
 };
 
 // Applies a comma-separated option list to `s`. Penstock options: meta=HOST:PORT, threads=N,
-// clone_fd, direct_io, log_level=LEVEL, log_file=PATH, foreground, ro, transport=auto|rdma|tcp,
+// clone_fd, direct_io, cached_writes, log_level=LEVEL, log_file=PATH, foreground, ro, transport=auto|rdma|tcp,
 // cache_size=SIZE, readahead_max=SIZE, dirty_limit=SIZE, kernel_readahead=SIZE (SIZE: bytes with
 // an optional K, M, G or T suffix, powers of 1024; kernel_readahead: whole KiB, at most 1G),
 // sched=batch|normal.

@@ -596,16 +596,24 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
     const uint64_t a = round_down(off);
     const uint64_t content_end = std::min(round_down(end - 1) + kB, new_len);
     const uint64_t direct_end = std::max(a, round_down(content_end));
-    std::span<uint8_t> buf = t_bounce.get(content_end - a);
-    // Zeros only where neither old bytes nor the write land: before `off` and after `end`.
-    std::fill(buf.begin(), buf.begin() + static_cast<ptrdiff_t>(off - a), 0);
-    if (content_end > end) std::fill(buf.begin() + static_cast<ptrdiff_t>(end - a), buf.end(), 0);
-    for (size_t i = 0; i < old_blocks.size(); ++i) {
-      const uint64_t bstart = old_blocks[i] * kB;
-      if (bstart < a) continue;  // an old partial last block before a gap: not rewritten
-      std::memcpy(buf.data() + (bstart - a), old_bytes[i].data(), old_bytes[i].size());
+    // A write that starts on a block and needs no bytes after its end is those blocks as they are:
+    // from an aligned buffer (the RPC server's, bytes.h) it goes to O_DIRECT without the copy.
+    const bool as_is = off == a && content_end == end &&
+                       reinterpret_cast<uintptr_t>(data.data()) % kDataAlignment == 0;
+    std::span<const uint8_t> buf = data;
+    if (!as_is) {
+      std::span<uint8_t> bounce = t_bounce.get(content_end - a);
+      // Zeros only where neither old bytes nor the write land: before `off` and after `end`.
+      std::fill(bounce.begin(), bounce.begin() + static_cast<ptrdiff_t>(off - a), 0);
+      if (content_end > end) std::fill(bounce.begin() + static_cast<ptrdiff_t>(end - a), bounce.end(), 0);
+      for (size_t i = 0; i < old_blocks.size(); ++i) {
+        const uint64_t bstart = old_blocks[i] * kB;
+        if (bstart < a) continue;  // an old partial last block before a gap: not rewritten
+        std::memcpy(bounce.data() + (bstart - a), old_bytes[i].data(), old_bytes[i].size());
+      }
+      std::memcpy(bounce.data() + (off - a), data.data(), data.size());
+      buf = bounce;
     }
-    std::memcpy(buf.data() + (off - a), data.data(), data.size());
     std::vector<IoOp> ops{table_write};
     if (direct_end > a) {
       ops.push_back(IoOp::write(c.file->direct.get(), c.header().data_offset + a,

@@ -162,6 +162,21 @@ class MountTest : public ::testing::Test {
     }
   }
 
+  // A second mount of `cluster` at its temp_dir()/NAME with `-o OPTIONS`; *mnt is its path.
+  ::testing::AssertionResult mount_with_options(Cluster& cluster, const std::string& name, const std::string& options,
+                                                std::string* mnt) {
+    *mnt = cluster.temp_dir() + "/" + name;
+    if (mkdir(mnt->c_str(), 0755) != 0) return ::testing::AssertionFailure() << "mkdir " << *mnt << ": " << errno_name(errno);
+    made_.push_back(*mnt);
+    if (!cluster.adopt_mount(*mnt)) return ::testing::AssertionFailure() << "cannot adopt " << *mnt;
+    CommandResult r = run_command({mount_binary(), cluster.meta_addr(), *mnt, "-o", options}, 60);
+    if (r.exit_code != 0 || !is_mount_point(*mnt)) {
+      return ::testing::AssertionFailure() << "penstock-mount -o " << options << " exited " << r.exit_code << ":\n"
+                                           << r.output;
+    }
+    return ::testing::AssertionSuccess();
+  }
+
   std::string dir_;
   std::vector<std::string> made_;  // mount points this test may have mounted
 };
@@ -233,13 +248,8 @@ TEST_F(MountTest, MountHelperMountsARunningCluster) {
 TEST_F(MountTest, DirectIoMountKeepsDataExactAndRefusesSharedMmap) {
   Cluster cluster;
   ASSERT_TRUE(cluster.up());
-  std::string mnt = cluster.temp_dir() + "/direct-mnt";
-  ASSERT_EQ(mkdir(mnt.c_str(), 0755), 0);
-  made_.push_back(mnt);
-  ASSERT_TRUE(cluster.adopt_mount(mnt));
-  CommandResult r = run_command({mount_binary(), cluster.meta_addr(), mnt, "-o", "direct_io,sched=normal"}, 60);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  ASSERT_TRUE(is_mount_point(mnt)) << r.output;
+  std::string mnt;
+  ASSERT_TRUE(mount_with_options(cluster, "direct-mnt", "direct_io,sched=normal", &mnt));
   expect_mount_threads_policy(mnt, SCHED_OTHER);
 
   const std::string data = pattern((5u << 20) + 4097, 0, 77);
@@ -271,6 +281,44 @@ TEST_F(MountTest, DirectIoMountKeepsDataExactAndRefusesSharedMmap) {
   EXPECT_TRUE(same_bytes(data, back));
   unmount_and_reap(mnt);
   EXPECT_FALSE(is_mount_point(mnt));
+}
+
+// Write-only opens bypass the page cache by default (none of their bytes stay in it) and use it
+// with -o cached_writes. Either way a shared mapping made before the writes reads the new bytes.
+TEST_F(MountTest, WriteOnlyOpensBypassThePageCacheUnlessCachedWrites) {
+  Cluster cluster;
+  ASSERT_TRUE(cluster.up());
+  std::string cached;
+  ASSERT_TRUE(mount_with_options(cluster, "cached-writes-mnt", "cached_writes,sched=normal", &cached));
+
+  constexpr size_t kLen = 4u << 20;
+  for (const auto& [mnt, expect_cached] : {std::pair<std::string, bool>{cluster.mount_path(), false}, {cached, true}}) {
+    SCOPED_TRACE(mnt);
+    const std::string path = mnt + (expect_cached ? "/shard-cached" : "/shard-direct");
+    const std::string data = pattern(kLen, 0, expect_cached ? 5 : 6);
+    int rfd = open(path.c_str(), O_RDONLY | O_CREAT, 0644);
+    ASSERT_GE(rfd, 0) << errno_name(errno);
+    void* map = mmap(nullptr, kLen, PROT_READ, MAP_SHARED, rfd, 0);
+    ASSERT_NE(map, MAP_FAILED) << errno_name(errno);
+    int wfd = open(path.c_str(), O_WRONLY);
+    ASSERT_GE(wfd, 0) << errno_name(errno);
+    ASSERT_TRUE(pwrite_all(wfd, data, 0)) << errno_name(errno);
+    std::vector<unsigned char> in_core(kLen / 4096);
+    ASSERT_EQ(mincore(map, kLen, in_core.data()), 0) << errno_name(errno);
+    size_t resident = 0;
+    for (unsigned char c : in_core) resident += c & 1;
+    if (expect_cached) {
+      EXPECT_EQ(resident, in_core.size()) << "write-through pages stay cached";
+    } else {
+      EXPECT_EQ(resident, 0u) << "a write-only open left its bytes in the page cache";
+    }
+    EXPECT_EQ(std::memcmp(map, data.data(), kLen), 0) << "the mapping shows old bytes";
+    EXPECT_EQ(close(wfd), 0);
+    munmap(map, kLen);
+    EXPECT_EQ(close(rfd), 0);
+  }
+  unmount_and_reap(cached);
+  EXPECT_FALSE(is_mount_point(cached));
 }
 
 }  // namespace

@@ -902,6 +902,33 @@ TEST_F(DataTest, TwoProcessesWriteDisjointRanges) {
   EXPECT_TRUE(same_bytes(pattern(kBlock * kBlocks, 0, 21), read_whole(path)));
 }
 
+// A descriptor that caches (opened and read before) sees what a write-only descriptor of the same
+// file writes, at once: Penstock's write-only opens bypass the page cache, so each of their writes
+// must drop the range from the reader's cached pages.
+TEST_F(DataTest, ReaderSeesWritesOfAWriteOnlyDescriptorAtOnce) {
+  const std::string path = p("shared-shard");
+  std::string model = pattern(3u << 20, 0, 41);
+  ASSERT_TRUE(write_file(path, model));
+  UniqueFd reader(open(path.c_str(), O_RDONLY));
+  ASSERT_TRUE(reader.ok()) << errno_name(errno);
+  bool ok = false;
+  ASSERT_TRUE(same_bytes(model, pread_all(reader.get(), model.size(), 0, &ok)));  // now cached
+  UniqueFd writer(open(path.c_str(), O_WRONLY));
+  ASSERT_TRUE(writer.ok()) << errno_name(errno);
+  // Unaligned, across pages and a MiB boundary; then past the end.
+  const std::string patch = pattern(1300000, 100001, 42);
+  ASSERT_TRUE(pwrite_all(writer.get(), patch, 100001)) << errno_name(errno);
+  model.replace(100001, patch.size(), patch);
+  EXPECT_TRUE(same_bytes(model, pread_all(reader.get(), model.size(), 0, &ok)));
+  const std::string tail = pattern(70000, model.size(), 43);
+  ASSERT_TRUE(pwrite_all(writer.get(), tail, static_cast<off_t>(model.size()))) << errno_name(errno);
+  model += tail;
+  EXPECT_TRUE(same_bytes(model, pread_all(reader.get(), model.size() + 10, 0, &ok)));
+  EXPECT_EQ(writer.close(), 0) << errno_name(errno);
+  EXPECT_TRUE(same_bytes(model, pread_all(reader.get(), model.size(), 0, &ok)));
+  EXPECT_TRUE(same_bytes(model, read_whole(path)));
+}
+
 TEST_F(DataTest, UnlinkedFileStaysReadableThroughOpenDescriptor) {
   const std::string path = p("doomed");
   std::string data = pattern(300000, 0, 31);
