@@ -67,19 +67,12 @@ constexpr uint32_t kMaxWrite = 1u << 20;
 
 // A write-only open bypasses the page cache (FOPEN_DIRECT_IO, MountSettings::cached_writes): the
 // writer's bytes come to us from its own buffer, one copy and no page-cache pages fewer. Other
-// descriptors of the file may still cache (a reader opened before, a private mapping), and the
-// kernel does not drop their pages for a direct write, so each write drops its range here before
-// it is answered: a read that follows the write() fetches the new bytes, as on a local disk.
-void drop_cached_range(fuse_req_t req, fuse_ino_t ino, off_t off, size_t size) {
-  fuse_session* se = static_cast<MountState*>(fuse_req_userdata(req))->session;
-  if (se == nullptr || size == 0) return;
-  const int rc = fuse_lowlevel_notify_inval_inode(se, ino, off, static_cast<off_t>(size));
-  // ENOENT: the kernel holds no inode (so no pages) for it.
-  if (rc != 0 && rc != -ENOENT) {
-    PENSTOCK_LOG(Warn) << "cannot drop the kernel's cached pages of inode " << ino << " after a direct write: "
-                       << std::strerror(-rc) << " (a descriptor that caches may read the old bytes until reopened)";
-  }
-}
+// descriptors of the file may still cache (a reader opened before, a mapping), so this is done
+// only where the kernel keeps them right itself: since FUSE 7.39 (Linux 6.6) a direct write writes
+// back the dirty pages of its range and drops the range from the page cache before it is sent.
+// Doing that from here instead (notify_inval_inode inside WRITE) would wait on page locks held for
+// READs this daemon has yet to answer, and would come after a dirty page's writeback could land.
+constexpr uint32_t kMinorDirectWriteDropsCache = 39;
 
 // An open regular file. Immutable after open except the size hint.
 struct FileHandle {
@@ -88,7 +81,6 @@ struct FileHandle {
   std::atomic<uint64_t> size_hint{0};  // the size known at open (or after our own truncate)
   bool keep_cache = false;             // the kernel may keep its pages (see kKeepCacheWhenUnchanged)
   bool writable = true;                // opened for writing: its close flushes (kNoFlushForReadOnly)
-  bool direct = false;                 // FOPEN_DIRECT_IO: its writes drop their range (drop_cached_range)
   client::WriteCursor write_cursor;    // this handle's place in the file's write errors
   std::unique_ptr<client::ReadContext> read_ctx;  // cache generation and read-ahead streams
 };
@@ -205,7 +197,13 @@ void reply_xattr_bytes(fuse_req_t req, const std::string& value, size_t size, co
 // ---- ops ----
 
 void op_init(void* userdata, fuse_conn_info* conn) {
-  (void)userdata;
+  auto* mount = static_cast<MountState*>(userdata);
+  if (mount->direct_writes && conn->proto_minor < kMinorDirectWriteDropsCache) {
+    mount->direct_writes = false;
+    PENSTOCK_LOG(Info) << "write-only opens use the page cache: this kernel's FUSE " << conn->proto_major << "."
+                       << conn->proto_minor << " does not keep cached pages right under a direct write (7."
+                       << kMinorDirectWriteDropsCache << ", Linux 6.6, does)";
+  }
   auto want_if_offered = [conn](unsigned cap) {
     if ((conn->capable & cap) != 0) conn->want |= cap;
   };
@@ -244,7 +242,8 @@ void op_init(void* userdata, fuse_conn_info* conn) {
                      << ", auto_inval_data " << ((conn->want & FUSE_CAP_AUTO_INVAL_DATA) != 0)
                      << ", writeback_cache 0), max_write " << conn->max_write << ", max_read "
                      << conn->max_read << ", max_readahead " << conn->max_readahead
-                     << ", max_background " << conn->max_background;
+                     << ", max_background " << conn->max_background
+                     << ", write-only opens " << (mount->direct_io || mount->direct_writes ? "direct" : "cached");
 }
 
 void op_destroy(void* userdata) {
@@ -411,8 +410,7 @@ void reply_open_handle(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<FileH
   fi->fh = reinterpret_cast<uint64_t>(raw);
   fi->keep_cache = (kKeepCacheWhenUnchanged && raw->keep_cache) ? 1 : 0;
   const MountState* mount = static_cast<MountState*>(fuse_req_userdata(req));
-  raw->direct = mount->direct_io || (mount->direct_writes && (fi->flags & O_ACCMODE) == O_WRONLY);
-  fi->direct_io = raw->direct ? 1 : 0;
+  fi->direct_io = (mount->direct_io || (mount->direct_writes && (fi->flags & O_ACCMODE) == O_WRONLY)) ? 1 : 0;
   raw->writable = !kNoFlushForReadOnly || (fi->flags & O_ACCMODE) != O_RDONLY;
   fi->noflush = raw->writable ? 0 : 1;
   // Every handle, read-only ones too: as on Linux, fsync of any descriptor reports a write error
@@ -495,7 +493,6 @@ void do_write(fuse_req_t req, fuse_ino_t ino, std::span<const uint8_t> data, off
   FileHandle* fh = file_of(fi);
   Status st = client_of(req).write(fh->ino, fh->layout, static_cast<uint64_t>(off), data, &fh->write_cursor);
   if (!st.is_ok()) return reply_status(req, st, "write", ino);
-  if (fh->direct) drop_cached_range(req, ino, off, data.size());
   fuse_reply_write(req, data.size());
 }
 

@@ -28,10 +28,10 @@ struct MountSettings {
   // for the kernel's direct-io mmap), and repeated small reads always cross FUSE.
   bool direct_io = false;
   // Write-only opens (O_WRONLY: a checkpoint shard, a dataset file being written) go through the
-  // page cache too, as every other open does. Off by default: such an open gets FOPEN_DIRECT_IO,
-  // which saves the writer's copy into the page cache and the pages' bookkeeping (the bytes are
-  // not read back through that descriptor, and O_WRONLY cannot be mapped), and each write drops
-  // the range from the page cache for the descriptors that do cache (fuse_ops.cc).
+  // page cache too, as every other open does. Off by default: on Linux 6.6+ such an open gets
+  // FOPEN_DIRECT_IO, which saves the writer's copy into the page cache and the pages' bookkeeping
+  // (the bytes are not read back through that descriptor, and O_WRONLY cannot be mapped); the
+  // kernel keeps other descriptors' cached pages right (fuse_ops.cc, kMinorDirectWriteDropsCache).
   bool cached_writes = false;
   bool foreground = false;     // stay in the foreground (no daemonizing)
   bool read_only = false;      // mount read-only ("ro")

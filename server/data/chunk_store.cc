@@ -614,6 +614,7 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
       std::memcpy(bounce.data() + (off - a), data.data(), data.size());
       buf = bounce;
     }
+    ++(as_is ? unbounced_writes_ : bounced_writes_);
     std::vector<IoOp> ops{table_write};
     if (direct_end > a) {
       ops.push_back(IoOp::write(c.file->direct.get(), c.header().data_offset + a,

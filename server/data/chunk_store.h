@@ -141,6 +141,10 @@ class ChunkStore {
   bool direct_io_active() const { return options_.direct_io && direct_.load(); }
   // Whether writes of direct_write_min bytes or more really use O_DIRECT (also under direct_io).
   bool direct_writes_active() const { return options_.any_direct() && direct_.load(); }
+  // O_DIRECT writes that went through the bounce buffer (not page-aligned, or old bytes merged in)
+  // and those written from the caller's memory as it was (tests).
+  uint64_t bounced_writes() const { return bounced_writes_.load(); }
+  uint64_t unbounced_writes() const { return unbounced_writes_.load(); }
 
   struct ChunkFile;  // an open chunk file (chunk_store.cc)
   // The range of a chunk a read asks for: what a cold open starts reading from disk at once.
@@ -184,6 +188,8 @@ class ChunkStore {
   std::shared_ptr<Target> target_;
   const ChunkStoreOptions options_;
   std::atomic<bool> direct_{false};
+  std::atomic<uint64_t> bounced_writes_{0};
+  std::atomic<uint64_t> unbounced_writes_{0};
   std::atomic<bool> direct_warned_{false};
 
   struct FdEntry {

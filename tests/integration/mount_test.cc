@@ -283,34 +283,45 @@ TEST_F(MountTest, DirectIoMountKeepsDataExactAndRefusesSharedMmap) {
   EXPECT_FALSE(is_mount_point(mnt));
 }
 
-// Write-only opens bypass the page cache by default (none of their bytes stay in it) and use it
-// with -o cached_writes. Either way a shared mapping made before the writes reads the new bytes.
+// Write-only opens bypass the page cache by default (on Linux 6.6+; the mount's log says which),
+// and use it with -o cached_writes. A file is read through a shared mapping (its pages cached),
+// then rewritten through an O_WRONLY descriptor: direct, the kernel drops the written pages;
+// cached, they hold the new bytes. Either way the mapping reads the new bytes.
 TEST_F(MountTest, WriteOnlyOpensBypassThePageCacheUnlessCachedWrites) {
   Cluster cluster;
   ASSERT_TRUE(cluster.up());
   std::string cached;
   ASSERT_TRUE(mount_with_options(cluster, "cached-writes-mnt", "cached_writes,sched=normal", &cached));
+  const std::string log = cluster.log_tails(1000);
+  const bool direct_here = log.find("write-only opens direct") != std::string::npos;
+  if (!direct_here) std::cout << "note: this kernel keeps write-only opens cached (FUSE < 7.39)" << std::endl;
 
   constexpr size_t kLen = 4u << 20;
-  for (const auto& [mnt, expect_cached] : {std::pair<std::string, bool>{cluster.mount_path(), false}, {cached, true}}) {
+  for (const auto& [mnt, expect_cached] : {std::pair<std::string, bool>{cluster.mount_path(), !direct_here}, {cached, true}}) {
     SCOPED_TRACE(mnt);
     const std::string path = mnt + (expect_cached ? "/shard-cached" : "/shard-direct");
+    ASSERT_TRUE(write_file(path, pattern(kLen, 0, 7)));
     const std::string data = pattern(kLen, 0, expect_cached ? 5 : 6);
-    int rfd = open(path.c_str(), O_RDONLY | O_CREAT, 0644);
+    int rfd = open(path.c_str(), O_RDONLY);
     ASSERT_GE(rfd, 0) << errno_name(errno);
     void* map = mmap(nullptr, kLen, PROT_READ, MAP_SHARED, rfd, 0);
     ASSERT_NE(map, MAP_FAILED) << errno_name(errno);
+    std::vector<unsigned char> in_core(kLen / 4096);
+    auto resident = [&] {
+      EXPECT_EQ(mincore(map, kLen, in_core.data()), 0) << errno_name(errno);
+      size_t n = 0;
+      for (unsigned char c : in_core) n += c & 1;
+      return n;
+    };
+    EXPECT_EQ(std::memcmp(map, pattern(kLen, 0, 7).data(), kLen), 0);
+    EXPECT_EQ(resident(), in_core.size()) << "reading the mapping did not cache the file";
     int wfd = open(path.c_str(), O_WRONLY);
     ASSERT_GE(wfd, 0) << errno_name(errno);
     ASSERT_TRUE(pwrite_all(wfd, data, 0)) << errno_name(errno);
-    std::vector<unsigned char> in_core(kLen / 4096);
-    ASSERT_EQ(mincore(map, kLen, in_core.data()), 0) << errno_name(errno);
-    size_t resident = 0;
-    for (unsigned char c : in_core) resident += c & 1;
     if (expect_cached) {
-      EXPECT_EQ(resident, in_core.size()) << "write-through pages stay cached";
+      EXPECT_EQ(resident(), in_core.size()) << "write-through pages stay cached";
     } else {
-      EXPECT_EQ(resident, 0u) << "a write-only open left its bytes in the page cache";
+      EXPECT_EQ(resident(), 0u) << "the direct write left the old pages cached";
     }
     EXPECT_EQ(std::memcmp(map, data.data(), kLen), 0) << "the mapping shows old bytes";
     EXPECT_EQ(close(wfd), 0);

@@ -8,6 +8,7 @@
 // PENSTOCK_TEST_DIR=/some/dir, against a local directory: the same expectations must hold there,
 // which is how they were validated.
 #include <dirent.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/types.h>
@@ -19,6 +20,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -902,10 +904,11 @@ TEST_F(DataTest, TwoProcessesWriteDisjointRanges) {
   EXPECT_TRUE(same_bytes(pattern(kBlock * kBlocks, 0, 21), read_whole(path)));
 }
 
-// A descriptor that caches (opened and read before) sees what a write-only descriptor of the same
-// file writes, at once: Penstock's write-only opens bypass the page cache, so each of their writes
-// must drop the range from the reader's cached pages.
-TEST_F(DataTest, ReaderSeesWritesOfAWriteOnlyDescriptorAtOnce) {
+// A descriptor that caches (opened and read before) and a shared mapping see what a write-only
+// descriptor of the same file writes, at once, and bytes dirtied through the mapping before that
+// write do not land over it later: Penstock's write-only opens bypass the page cache, so this is
+// what the kernel must keep right for them.
+TEST_F(DataTest, ReaderAndMappingSeeWritesOfAWriteOnlyDescriptorAtOnce) {
   const std::string path = p("shared-shard");
   std::string model = pattern(3u << 20, 0, 41);
   ASSERT_TRUE(write_file(path, model));
@@ -913,6 +916,15 @@ TEST_F(DataTest, ReaderSeesWritesOfAWriteOnlyDescriptorAtOnce) {
   ASSERT_TRUE(reader.ok()) << errno_name(errno);
   bool ok = false;
   ASSERT_TRUE(same_bytes(model, pread_all(reader.get(), model.size(), 0, &ok)));  // now cached
+  UniqueFd rw(open(path.c_str(), O_RDWR));
+  ASSERT_TRUE(rw.ok()) << errno_name(errno);
+  void* map = mmap(nullptr, model.size(), PROT_READ | PROT_WRITE, MAP_SHARED, rw.get(), 0);
+  ASSERT_NE(map, MAP_FAILED) << errno_name(errno);
+  char* bytes = static_cast<char*>(map);
+  // Dirty pages through the mapping, partly under the write below and partly not.
+  const std::string dirty = pattern(20000, 90000, 44);
+  std::memcpy(bytes + 90000, dirty.data(), dirty.size());
+  model.replace(90000, dirty.size(), dirty);
   UniqueFd writer(open(path.c_str(), O_WRONLY));
   ASSERT_TRUE(writer.ok()) << errno_name(errno);
   // Unaligned, across pages and a MiB boundary; then past the end.
@@ -920,10 +932,16 @@ TEST_F(DataTest, ReaderSeesWritesOfAWriteOnlyDescriptorAtOnce) {
   ASSERT_TRUE(pwrite_all(writer.get(), patch, 100001)) << errno_name(errno);
   model.replace(100001, patch.size(), patch);
   EXPECT_TRUE(same_bytes(model, pread_all(reader.get(), model.size(), 0, &ok)));
+  EXPECT_TRUE(same_bytes(model, std::string_view(bytes, model.size()))) << "the mapping shows old bytes";
   const std::string tail = pattern(70000, model.size(), 43);
   ASSERT_TRUE(pwrite_all(writer.get(), tail, static_cast<off_t>(model.size()))) << errno_name(errno);
+  const size_t mapped = model.size();
   model += tail;
   EXPECT_TRUE(same_bytes(model, pread_all(reader.get(), model.size() + 10, 0, &ok)));
+  // Whatever the mapping still holds reaches the file now: it must be the new bytes.
+  EXPECT_EQ(msync(map, mapped, MS_SYNC), 0) << errno_name(errno);
+  EXPECT_EQ(munmap(map, mapped), 0);
+  EXPECT_EQ(rw.close(), 0) << errno_name(errno);
   EXPECT_EQ(writer.close(), 0) << errno_name(errno);
   EXPECT_TRUE(same_bytes(model, pread_all(reader.get(), model.size(), 0, &ok)));
   EXPECT_TRUE(same_bytes(model, read_whole(path)));

@@ -213,35 +213,37 @@ TEST_P(ChunkStoreTest, WritesFromAlignedBuffersKeepEveryByte) {
     std::copy(v.begin(), v.end(), b.begin() + static_cast<ptrdiff_t>(skip));
     return b;
   };
-  auto put = [&](uint32_t offset, std::span<const uint8_t> bytes) {
-    auto r = store_->write(kIno, 0, kChunk4M, offset, bytes);
-    EXPECT_TRUE(r.has_value()) << r.status().to_string();
-  };
   std::vector<uint8_t> expect(kChunk4M, 0);
-  auto apply = [&](uint32_t offset, const std::vector<uint8_t>& v) {
+  uint64_t len = 0;
+  // Writes `v` at `offset` (from its buffer's `skip`th byte) and says whether it bounced.
+  auto put = [&](uint32_t offset, const std::vector<uint8_t>& v, bool should_bounce, size_t skip = 0) {
+    const ByteBuffer b = aligned(v, skip);
+    const uint64_t bounced = store_->bounced_writes(), unbounced = store_->unbounced_writes();
+    auto r = store_->write(kIno, 0, kChunk4M, offset, std::span<const uint8_t>(b).subspan(skip));
+    EXPECT_TRUE(r.has_value()) << r.status().to_string();
     std::copy(v.begin(), v.end(), expect.begin() + offset);
+    len = std::max<uint64_t>(len, offset + v.size());
+    if (store_->direct_writes_active() && v.size() >= GetParam().direct_write_min) {
+      EXPECT_EQ(store_->bounced_writes() - bounced, should_bounce ? 1u : 0u) << "write at " << offset;
+      EXPECT_EQ(store_->unbounced_writes() - unbounced, should_bounce ? 0u : 1u) << "write at " << offset;
+    }
   };
   // Whole blocks at a block boundary; then a tail that ends the chunk mid-block.
-  const auto whole = pattern(256u << 10, 31);
-  put(0, aligned(whole));
-  apply(0, whole);
-  const auto tail = pattern((128u << 10) + 100, 32);
-  put(256u << 10, aligned(tail));
-  apply(256u << 10, tail);
-  // Inside existing data, ending mid-block: the old bytes after the end must stay.
-  const auto inside = pattern((64u << 10) + 10, 33);
-  put(64u << 10, aligned(inside));
-  apply(64u << 10, inside);
-  // An aligned buffer whose bytes start one past the page, at an unaligned offset, and a gap.
-  const auto skewed = pattern(70000, 34);
-  ByteBuffer skew = aligned(skewed, 1);
-  put(500000, std::span<const uint8_t>(skew).subspan(1));
-  apply(500000, skewed);
-  const uint64_t len = 500000 + skewed.size();
-  EXPECT_EQ(read(0, 0, kChunk4M), std::vector<uint8_t>(expect.begin(), expect.begin() + static_cast<ptrdiff_t>(len)));
+  put(0, pattern(256u << 10, 31), false);
+  put(256u << 10, pattern((128u << 10) + 100, 32), false);
+  // Inside existing data, ending mid-block: the old bytes after the end must stay (bounced).
+  put(64u << 10, pattern((64u << 10) + 10, 33), true);
+  // Inside existing data, ending on a block boundary: nothing old to keep.
+  put(8192, pattern(65536, 34), false);
+  // After a gap, from a block boundary: the gap reads as zeros.
+  put(1u << 20, pattern(69632, 35), false);
+  // One byte past the page start of an aligned buffer, at an unaligned offset (bounced).
+  put(500001, pattern(70000, 36), true, 1);
+  auto want = [&] { return std::vector<uint8_t>(expect.begin(), expect.begin() + static_cast<ptrdiff_t>(len)); };
+  EXPECT_EQ(read(0, 0, kChunk4M), want());
   // After a reopen (no cached descriptor, nothing of this process's memory): the same bytes.
   open_store();
-  EXPECT_EQ(read(0, 0, kChunk4M), std::vector<uint8_t>(expect.begin(), expect.begin() + static_cast<ptrdiff_t>(len)));
+  EXPECT_EQ(read(0, 0, kChunk4M), want());
 }
 
 // Reads the bytes an UnreadRange names from its descriptor (what the RPC server would send).
