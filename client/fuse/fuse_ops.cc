@@ -65,7 +65,7 @@ constexpr bool kNoFlushForReadOnly = true;
 
 constexpr uint32_t kMaxWrite = 1u << 20;
 
-// A write-only open bypasses the page cache (FOPEN_DIRECT_IO, MountSettings::cached_writes): the
+// With -o direct_writes a write-only open bypasses the page cache (FOPEN_DIRECT_IO): the
 // writer's bytes come to us from its own buffer, one copy and no page-cache pages fewer. Other
 // descriptors of the file may still cache (a reader opened before, a mapping), so this is done
 // only where the kernel keeps them right itself: since FUSE 7.39 (Linux 6.6) a direct write writes

@@ -17,7 +17,7 @@ namespace penstock::fuse {
 struct MountState {
   client::Client* client = nullptr;
   bool direct_io = false;  // FOPEN_DIRECT_IO on every open (MountSettings::direct_io)
-  // ...and on write-only opens (!MountSettings::cached_writes); op_init clears it where the
+  // ...and on write-only opens (MountSettings::direct_writes); op_init clears it where the
   // kernel would leave stale pages (fuse_ops.cc, kMinorDirectWriteDropsCache).
   bool direct_writes = false;
   fuse_session* session = nullptr;  // for invalidation notices; set once the session exists

@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
       "      deploy/mount.fuse.penstock for `mount -t fuse.penstock` and fstab)\n"
       "Unmount with `fusermount3 -u MOUNTPOINT` (or umount as root)."};
   app.set_config("--config", "", "read options from a TOML file (keys: meta, threads, clone-fd, "
-                                 "direct-io, cached-writes, foreground, log-level, log-file, transport, cache-size, readahead-max, "
+                                 "direct-io, direct-writes, foreground, log-level, log-file, transport, cache-size, readahead-max, "
                                  "dirty-limit, kernel-readahead, sched)");
   app.add_option("--meta", s.meta, "penstock-meta address host:port")->capture_default_str();
   app.add_flag("-f,--foreground", s.foreground, "stay in the foreground, logging to stderr");
@@ -170,9 +170,10 @@ int main(int argc, char** argv) {
   app.add_flag("--direct-io", s.direct_io,
                "bypass the kernel page cache for file data (faster checkpoint writes and restores; "
                "shared writable mmap then fails with ENODEV)");
-  app.add_flag("--cached-writes", s.cached_writes,
-               "write-only opens use the kernel page cache too (by default they bypass it: one copy "
-               "less per checkpoint byte; readers that cache still see every write)");
+  app.add_flag("--direct-writes", s.direct_writes,
+               "write-only opens (checkpoint shards) bypass the kernel page cache on Linux 6.6+: one copy "
+               "less per byte written, and readers that cache still see every write; the writer is no "
+               "longer paced by that copy, so it takes more CPU from other processes on the host");
   app.add_option("--log-level", s.log_level, "debug, info, warn or error")
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
       ->capture_default_str();
@@ -203,7 +204,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"batch", "normal"}))
       ->capture_default_str();
   app.add_option("-o", option_lists,
-                 "mount options: meta=HOST:PORT, threads=N, clone_fd, direct_io, cached_writes, log_level=L, log_file=F, ro, "
+                 "mount options: meta=HOST:PORT, threads=N, clone_fd, direct_io, direct_writes, log_level=L, log_file=F, ro, "
                  "transport=auto|rdma|tcp, cache_size=S, readahead_max=S, dirty_limit=S, "
                  "kernel_readahead=S, sched=batch|normal; the "
                  "generic rw, defaults, nodev, nosuid, noatime, _netdev, allow_other, ... are accepted")
@@ -287,7 +288,7 @@ int main(int argc, char** argv) {
     die(st.code() == Code::kUnavailable ? st.message() : st.to_string());
   }
   std::unique_ptr<penstock::client::Client> client = std::move(connected).value();
-  penstock::fuse::MountState state{client.get(), s.direct_io, !s.cached_writes};
+  penstock::fuse::MountState state{client.get(), s.direct_io, s.direct_writes};
 
   std::string fuse_opts = "fsname=penstock:" + s.meta + ",subtype=penstock,allow_other,default_permissions";
   if (s.read_only) fuse_opts += ",ro";
@@ -318,7 +319,7 @@ int main(int argc, char** argv) {
   }
   if (s.kernel_readahead != 0 && serve_init(se)) set_kernel_readahead(mountpoint, s.kernel_readahead);
   PENSTOCK_LOG(Info) << "mounted penstock:" << s.meta << " at " << mountpoint << " (threads " << s.threads
-                     << (s.clone_fd ? ", clone_fd" : "") << (s.direct_io ? ", direct_io" : "") << (s.cached_writes ? ", cached_writes" : "") << "; cache " << s.cache_size << " bytes, read-ahead up to "
+                     << (s.clone_fd ? ", clone_fd" : "") << (s.direct_io ? ", direct_io" : "") << (s.direct_writes ? ", direct_writes" : "") << "; cache " << s.cache_size << " bytes, read-ahead up to "
                      << s.readahead_max << " bytes per stream, write-behind up to " << s.dirty_limit
                      << " dirty bytes; scheduling policy " << s.sched << ")";
   if (ready_fd >= 0) finish_daemonizing(ready_fd, s.log_file);

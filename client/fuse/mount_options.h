@@ -27,12 +27,15 @@ struct MountSettings {
   // here. Costs: no shared writable mmap (MAP_SHARED fails with ENODEV; libfuse 3.14 cannot ask
   // for the kernel's direct-io mmap), and repeated small reads always cross FUSE.
   bool direct_io = false;
-  // Write-only opens (O_WRONLY: a checkpoint shard, a dataset file being written) go through the
-  // page cache too, as every other open does. Off by default: on Linux 6.6+ such an open gets
-  // FOPEN_DIRECT_IO, which saves the writer's copy into the page cache and the pages' bookkeeping
-  // (the bytes are not read back through that descriptor, and O_WRONLY cannot be mapped); the
-  // kernel keeps other descriptors' cached pages right (fuse_ops.cc, kMinorDirectWriteDropsCache).
-  bool cached_writes = false;
+  // Write-only opens (O_WRONLY: a checkpoint shard, a dataset file being written) bypass the page
+  // cache (FOPEN_DIRECT_IO) on Linux 6.6+, where the kernel keeps other descriptors' cached pages
+  // right (fuse_ops.cc, kMinorDirectWriteDropsCache). Saves the writer's copy into the page cache
+  // and the pages' bookkeeping (an O_WRONLY descriptor neither reads nor maps): ckpt-write at
+  // 0.77-0.87x the CPU per GiB. Off by default because the writer is then no longer paced by its own
+  // copy: a checkpoint burst through it ran 1.7x faster beside training readers on the same two
+  // cores and tripled their p99 (docs/performance.md, round 14). For hosts whose cores are not
+  // shared with readers during a checkpoint.
+  bool direct_writes = false;
   bool foreground = false;     // stay in the foreground (no daemonizing)
   bool read_only = false;      // mount read-only ("ro")
   std::string log_level = "info";
@@ -58,7 +61,7 @@ struct MountSettings {
 };
 
 // Applies a comma-separated option list to `s`. Penstock options: meta=HOST:PORT, threads=N,
-// clone_fd, direct_io, cached_writes, log_level=LEVEL, log_file=PATH, foreground, ro, transport=auto|rdma|tcp,
+// clone_fd, direct_io, direct_writes, log_level=LEVEL, log_file=PATH, foreground, ro, transport=auto|rdma|tcp,
 // cache_size=SIZE, readahead_max=SIZE, dirty_limit=SIZE, kernel_readahead=SIZE (SIZE: bytes with
 // an optional K, M, G or T suffix, powers of 1024; kernel_readahead: whole KiB, at most 1G),
 // sched=batch|normal.

@@ -162,14 +162,16 @@ class MountTest : public ::testing::Test {
     }
   }
 
-  // A second mount of `cluster` at its temp_dir()/NAME with `-o OPTIONS`; *mnt is its path.
+  // A second mount of `cluster` at its temp_dir()/NAME with `-o OPTIONS`; *mnt is its path, and
+  // *said (when given) what penstock-mount printed before it detached.
   ::testing::AssertionResult mount_with_options(Cluster& cluster, const std::string& name, const std::string& options,
-                                                std::string* mnt) {
+                                                std::string* mnt, std::string* said = nullptr) {
     *mnt = cluster.temp_dir() + "/" + name;
     if (mkdir(mnt->c_str(), 0755) != 0) return ::testing::AssertionFailure() << "mkdir " << *mnt << ": " << errno_name(errno);
     made_.push_back(*mnt);
     if (!cluster.adopt_mount(*mnt)) return ::testing::AssertionFailure() << "cannot adopt " << *mnt;
     CommandResult r = run_command({mount_binary(), cluster.meta_addr(), *mnt, "-o", options}, 60);
+    if (said != nullptr) *said = r.output;
     if (r.exit_code != 0 || !is_mount_point(*mnt)) {
       return ::testing::AssertionFailure() << "penstock-mount -o " << options << " exited " << r.exit_code << ":\n"
                                            << r.output;
@@ -283,21 +285,21 @@ TEST_F(MountTest, DirectIoMountKeepsDataExactAndRefusesSharedMmap) {
   EXPECT_FALSE(is_mount_point(mnt));
 }
 
-// Write-only opens bypass the page cache by default (on Linux 6.6+; the mount's log says which),
-// and use it with -o cached_writes. A file is read through a shared mapping (its pages cached),
-// then rewritten through an O_WRONLY descriptor: direct, the kernel drops the written pages;
-// cached, they hold the new bytes. Either way the mapping reads the new bytes.
-TEST_F(MountTest, WriteOnlyOpensBypassThePageCacheUnlessCachedWrites) {
+// With -o direct_writes, write-only opens bypass the page cache (on Linux 6.6+; the mount's log
+// says which); by default they use it. A file is read through a shared mapping (its pages
+// cached), then rewritten through an O_WRONLY descriptor: direct, the kernel drops the written
+// pages; cached, they hold the new bytes. Either way the mapping reads the new bytes, and bytes
+// dirtied through a writable mapping before the write do not land over it later.
+TEST_F(MountTest, WriteOnlyOpensBypassThePageCacheWithDirectWrites) {
   Cluster cluster;
   ASSERT_TRUE(cluster.up());
-  std::string cached;
-  ASSERT_TRUE(mount_with_options(cluster, "cached-writes-mnt", "cached_writes,sched=normal", &cached));
-  const std::string log = cluster.log_tails(1000);
-  const bool direct_here = log.find("write-only opens direct") != std::string::npos;
+  std::string direct, said;
+  ASSERT_TRUE(mount_with_options(cluster, "direct-writes-mnt", "direct_writes,sched=normal", &direct, &said));
+  const bool direct_here = said.find("write-only opens direct") != std::string::npos;
   if (!direct_here) std::cout << "note: this kernel keeps write-only opens cached (FUSE < 7.39)" << std::endl;
 
   constexpr size_t kLen = 4u << 20;
-  for (const auto& [mnt, expect_cached] : {std::pair<std::string, bool>{cluster.mount_path(), !direct_here}, {cached, true}}) {
+  for (const auto& [mnt, expect_cached] : {std::pair<std::string, bool>{cluster.mount_path(), true}, {direct, !direct_here}}) {
     SCOPED_TRACE(mnt);
     const std::string path = mnt + (expect_cached ? "/shard-cached" : "/shard-direct");
     ASSERT_TRUE(write_file(path, pattern(kLen, 0, 7)));
@@ -315,9 +317,17 @@ TEST_F(MountTest, WriteOnlyOpensBypassThePageCacheUnlessCachedWrites) {
     };
     EXPECT_EQ(std::memcmp(map, pattern(kLen, 0, 7).data(), kLen), 0);
     EXPECT_EQ(resident(), in_core.size()) << "reading the mapping did not cache the file";
+    int rwfd = open(path.c_str(), O_RDWR);
+    ASSERT_GE(rwfd, 0) << errno_name(errno);
+    void* wmap = mmap(nullptr, kLen, PROT_READ | PROT_WRITE, MAP_SHARED, rwfd, 0);
+    ASSERT_NE(wmap, MAP_FAILED) << errno_name(errno);
+    std::memset(static_cast<char*>(wmap) + 90000, 'x', 20000);  // dirty pages under the write below
     int wfd = open(path.c_str(), O_WRONLY);
     ASSERT_GE(wfd, 0) << errno_name(errno);
     ASSERT_TRUE(pwrite_all(wfd, data, 0)) << errno_name(errno);
+    EXPECT_EQ(msync(wmap, kLen, MS_SYNC), 0) << errno_name(errno);
+    munmap(wmap, kLen);
+    EXPECT_EQ(close(rwfd), 0);
     if (expect_cached) {
       EXPECT_EQ(resident(), in_core.size()) << "write-through pages stay cached";
     } else {
@@ -327,9 +337,12 @@ TEST_F(MountTest, WriteOnlyOpensBypassThePageCacheUnlessCachedWrites) {
     EXPECT_EQ(close(wfd), 0);
     munmap(map, kLen);
     EXPECT_EQ(close(rfd), 0);
+    std::string back;
+    ASSERT_TRUE(read_file(path, &back));
+    EXPECT_TRUE(same_bytes(data, back)) << "the mapping's dirty bytes landed over the write";
   }
-  unmount_and_reap(cached);
-  EXPECT_FALSE(is_mount_point(cached));
+  unmount_and_reap(direct);
+  EXPECT_FALSE(is_mount_point(direct));
 }
 
 }  // namespace

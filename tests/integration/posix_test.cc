@@ -906,8 +906,7 @@ TEST_F(DataTest, TwoProcessesWriteDisjointRanges) {
 
 // A descriptor that caches (opened and read before) and a shared mapping see what a write-only
 // descriptor of the same file writes, at once, and bytes dirtied through the mapping before that
-// write do not land over it later: Penstock's write-only opens bypass the page cache, so this is
-// what the kernel must keep right for them.
+// write do not land over it later (mount_test checks the same under -o direct_writes).
 TEST_F(DataTest, ReaderAndMappingSeeWritesOfAWriteOnlyDescriptorAtOnce) {
   const std::string path = p("shared-shard");
   std::string model = pattern(3u << 20, 0, 41);

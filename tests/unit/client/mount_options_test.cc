@@ -16,15 +16,15 @@ namespace {
 TEST(MountOptions, PenstockOptions) {
   MountSettings s;
   EXPECT_FALSE(s.direct_io);
-  EXPECT_FALSE(s.cached_writes);
+  EXPECT_FALSE(s.direct_writes);
   ASSERT_TRUE(apply_mount_options(
-                  "meta=10.0.0.1:7600,threads=32,clone_fd,direct_io,cached_writes,log_level=debug,log_file=/tmp/m.log", &s)
+                  "meta=10.0.0.1:7600,threads=32,clone_fd,direct_io,direct_writes,log_level=debug,log_file=/tmp/m.log", &s)
                   .is_ok());
   EXPECT_EQ(s.meta, "10.0.0.1:7600");
   EXPECT_EQ(s.threads, 32);
   EXPECT_TRUE(s.clone_fd);
   EXPECT_TRUE(s.direct_io);
-  EXPECT_TRUE(s.cached_writes);
+  EXPECT_TRUE(s.direct_writes);
   EXPECT_EQ(s.log_level, "debug");
   EXPECT_EQ(s.log_file, "/tmp/m.log");
   EXPECT_FALSE(s.read_only);
@@ -53,7 +53,7 @@ TEST(MountOptions, ReadOnlyAndRwLastWins) {
 
 TEST(MountOptions, RejectsUnknownAndBadValues) {
   for (const char* bad : {"bogus", "threads=0", "threads=x", "threads=2000", "threads=", "meta", "meta=",
-                          "clone_fd=1", "direct_io=yes", "cached_writes=no", "log_level=loud", "ro=yes", "rw,colour=blue", "cache_size=",
+                          "clone_fd=1", "direct_io=yes", "direct_writes=yes", "log_level=loud", "ro=yes", "rw,colour=blue", "cache_size=",
                           "cache_size=lots", "dirty_limit=5X", "readahead_max=99999999999999999999G"}) {
     MountSettings s;
     Status st = apply_mount_options(bad, &s);
