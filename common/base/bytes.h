@@ -2,8 +2,9 @@
 // that I/O fills right after sizing them (request and reply bulk in the RPC server, chunk reads):
 // zero-filling a 1 MiB buffer that a read() overwrites at once cost ~5 % of a data server's CPU.
 // Everything else about it is std::vector (value-initialization with an explicit value, e.g.
-// assign(n, 0) or resize(n, 0), still writes that value). Storage of 64 KiB or more starts on a
-// page boundary, so a received write payload can go to an O_DIRECT descriptor as it is.
+// assign(n, 0) or resize(n, 0), still writes that value). AlignedByteBuffer is the same with
+// storage of 64 KiB or more starting on a page boundary: a received request's bulk (RPC server),
+// so a write payload can go to an O_DIRECT descriptor as it is.
 // Thread-safety: as std::vector.
 #pragma once
 
@@ -34,10 +35,29 @@ struct DefaultInitAllocator : std::allocator<T> {
   void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
     ::new (static_cast<void*>(p)) U;
   }
-  // Large storage page-aligned (see the file comment); small storage as std::allocator. Aligned
-  // by hand over malloc (4 KiB more per buffer, at most 6 %), not with aligned operator new: glibc
-  // served those 4 MiB write payloads with fresh mmaps, and their page faults took 10 % of the
-  // machine's CPU in a ckpt-write profile, more than the copy they were to save.
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    std::allocator_traits<std::allocator<T>>::construct(static_cast<std::allocator<T>&>(*this), p,
+                                                        std::forward<Args>(args)...);
+  }
+};
+
+using ByteBuffer = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
+
+// DefaultInitAllocator whose storage of kAlignFrom bytes or more is page-aligned. Aligned by hand
+// over malloc (4 KiB more per buffer, at most 6 %), not with aligned operator new: glibc served
+// 4 MiB write payloads aligned that way with fresh mmaps, and their page faults took 10 % of the
+// machine's CPU in a ckpt-write profile, more than the copy they were to save.
+template <class T>
+struct PageAlignedAllocator : DefaultInitAllocator<T> {
+  template <class U>
+  struct rebind {
+    using other = PageAlignedAllocator<U>;
+  };
+  PageAlignedAllocator() = default;
+  template <class U>
+  PageAlignedAllocator(const PageAlignedAllocator<U>&) noexcept {}
+
   static constexpr size_t kAlignFrom = 64 << 10;
   static constexpr size_t kPage = 4096;
   T* allocate(size_t n) {
@@ -54,14 +74,8 @@ struct DefaultInitAllocator : std::allocator<T> {
     if (n * sizeof(T) < kAlignFrom) return std::allocator<T>::deallocate(p, n);
     std::free(reinterpret_cast<void**>(p)[-1]);
   }
-
-  template <class U, class... Args>
-  void construct(U* p, Args&&... args) {
-    std::allocator_traits<std::allocator<T>>::construct(static_cast<std::allocator<T>&>(*this), p,
-                                                        std::forward<Args>(args)...);
-  }
 };
 
-using ByteBuffer = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
+using AlignedByteBuffer = std::vector<uint8_t, PageAlignedAllocator<uint8_t>>;
 
 }  // namespace penstock

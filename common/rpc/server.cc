@@ -227,7 +227,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   struct Incoming {
     proto::FrameHeader header;
     ByteBuffer message;
-    ByteBuffer bulk;
+    AlignedByteBuffer bulk;  // page-aligned: a write payload goes to O_DIRECT as it is (chunk_store.cc)
   };
 
   static asio::awaitable<void> read_loop(std::shared_ptr<ServerConnection> self) { co_await self->read_frames(); }
@@ -235,7 +235,8 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   // Reads `n` bytes into `buf`, growing it as bytes arrive so a lying length costs little memory.
   // Up to kReserveBytes is reserved at once (untouched pages are address space only): growing a
   // 4 MiB write by reallocation copied 3 MiB of it (A/B ckpt-write 1.17x, CPU per GiB 0.83x).
-  asio::awaitable<error_code> read_growing(ByteBuffer& buf, size_t n) {
+  template <class Buffer>
+  asio::awaitable<error_code> read_growing(Buffer& buf, size_t n) {
     buf.clear();
     buf.reserve(std::min(n, kReserveBytes));
     error_code ec;

@@ -597,7 +597,7 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
     const uint64_t content_end = std::min(round_down(end - 1) + kB, new_len);
     const uint64_t direct_end = std::max(a, round_down(content_end));
     // A write that starts on a block and needs no bytes after its end is those blocks as they are:
-    // from an aligned buffer (the RPC server's, bytes.h) it goes to O_DIRECT without the copy.
+    // from an aligned buffer (the RPC server's AlignedByteBuffer) it goes to O_DIRECT without the copy.
     const bool as_is = off == a && content_end == end &&
                        reinterpret_cast<uintptr_t>(data.data()) % kDataAlignment == 0;
     std::span<const uint8_t> buf = data;

@@ -203,13 +203,13 @@ TEST_P(ChunkStoreTest, FlippedDataByteIsCorruptOnReadAndPartialWrite) {
   EXPECT_EQ(read(0, 4096, 4096), fresh);
 }
 
-// Writes from page-aligned memory (a received payload is a ByteBuffer, bytes.h) go to O_DIRECT as
+// Writes from page-aligned memory (a received payload is an AlignedByteBuffer, bytes.h) go to O_DIRECT as
 // they are when they start on a block and need no old bytes after their end; the other shapes
 // still go through the bounce buffer. Every shape must read back exactly, checksums included.
 TEST_P(ChunkStoreTest, WritesFromAlignedBuffersKeepEveryByte) {
   auto aligned = [](const std::vector<uint8_t>& v, size_t skip = 0) {
-    ByteBuffer b(v.size() + skip);
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % kDataAlignment, 0u) << "ByteBuffer of " << b.size();
+    AlignedByteBuffer b(v.size() + skip);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % kDataAlignment, 0u) << "AlignedByteBuffer of " << b.size();
     std::copy(v.begin(), v.end(), b.begin() + static_cast<ptrdiff_t>(skip));
     return b;
   };
@@ -217,7 +217,7 @@ TEST_P(ChunkStoreTest, WritesFromAlignedBuffersKeepEveryByte) {
   uint64_t len = 0;
   // Writes `v` at `offset` (from its buffer's `skip`th byte) and says whether it bounced.
   auto put = [&](uint32_t offset, const std::vector<uint8_t>& v, bool should_bounce, size_t skip = 0) {
-    const ByteBuffer b = aligned(v, skip);
+    const AlignedByteBuffer b = aligned(v, skip);
     const uint64_t bounced = store_->bounced_writes(), unbounced = store_->unbounced_writes();
     auto r = store_->write(kIno, 0, kChunk4M, offset, std::span<const uint8_t>(b).subspan(skip));
     EXPECT_TRUE(r.has_value()) << r.status().to_string();
