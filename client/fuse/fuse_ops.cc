@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "client/fuse/errno_map.h"
+#include "client/fuse/mount_options.h"
 #include "client/lib/layout_text.h"
 #include "common/base/log.h"
 
@@ -68,11 +69,9 @@ constexpr uint32_t kMaxWrite = 1u << 20;
 // With -o direct_writes a write-only open bypasses the page cache (FOPEN_DIRECT_IO): the
 // writer's bytes come to us from its own buffer, one copy and no page-cache pages fewer. Other
 // descriptors of the file may still cache (a reader opened before, a mapping), so this is done
-// only where the kernel keeps them right itself: since FUSE 7.39 (Linux 6.6) a direct write writes
-// back the dirty pages of its range and drops the range from the page cache before it is sent.
+// only where the kernel keeps them right itself (direct_writes_supported, mount_options.h).
 // Doing that from here instead (notify_inval_inode inside WRITE) would wait on page locks held for
 // READs this daemon has yet to answer, and would come after a dirty page's writeback could land.
-constexpr uint32_t kMinorDirectWriteDropsCache = 39;
 
 // An open regular file. Immutable after open except the size hint.
 struct FileHandle {
@@ -198,11 +197,12 @@ void reply_xattr_bytes(fuse_req_t req, const std::string& value, size_t size, co
 
 void op_init(void* userdata, fuse_conn_info* conn) {
   auto* mount = static_cast<MountState*>(userdata);
-  if (mount->direct_writes && conn->proto_minor < kMinorDirectWriteDropsCache) {
+  if (mount->direct_writes && !direct_writes_supported(conn->proto_minor)) {
     mount->direct_writes = false;
-    PENSTOCK_LOG(Info) << "write-only opens use the page cache: this kernel's FUSE " << conn->proto_major << "."
-                       << conn->proto_minor << " does not keep cached pages right under a direct write (7."
-                       << kMinorDirectWriteDropsCache << ", Linux 6.6, does)";
+    PENSTOCK_LOG(Info) << "direct_writes ignored, write-only opens use the page cache: this kernel's FUSE "
+                       << conn->proto_major << "." << conn->proto_minor
+                       << " does not drop cached pages on a direct write (7." << kMinorDirectWriteDropsCache
+                       << ", Linux 6.6, does)";
   }
   auto want_if_offered = [conn](unsigned cap) {
     if ((conn->capable & cap) != 0) conn->want |= cap;

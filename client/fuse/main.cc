@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
                "shared writable mmap then fails with ENODEV)");
   app.add_flag("--direct-writes", s.direct_writes,
                "write-only opens (checkpoint shards) bypass the kernel page cache on Linux 6.6+: one copy "
-               "less per byte written, and readers that cache still see every write; the writer is no "
+               "less per byte written, and reads that start after a write returns see it; the writer is no "
                "longer paced by that copy, so it takes more CPU from other processes on the host");
   app.add_option("--log-level", s.log_level, "debug, info, warn or error")
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
@@ -319,7 +319,7 @@ int main(int argc, char** argv) {
   }
   if (s.kernel_readahead != 0 && serve_init(se)) set_kernel_readahead(mountpoint, s.kernel_readahead);
   PENSTOCK_LOG(Info) << "mounted penstock:" << s.meta << " at " << mountpoint << " (threads " << s.threads
-                     << (s.clone_fd ? ", clone_fd" : "") << (s.direct_io ? ", direct_io" : "") << (s.direct_writes ? ", direct_writes" : "") << "; cache " << s.cache_size << " bytes, read-ahead up to "
+                     << (s.clone_fd ? ", clone_fd" : "") << (s.direct_io ? ", direct_io" : "") << (state.direct_writes ? ", direct_writes" : "") << "; cache " << s.cache_size << " bytes, read-ahead up to "
                      << s.readahead_max << " bytes per stream, write-behind up to " << s.dirty_limit
                      << " dirty bytes; scheduling policy " << s.sched << ")";
   if (ready_fd >= 0) finish_daemonizing(ready_fd, s.log_file);

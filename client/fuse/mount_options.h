@@ -29,7 +29,7 @@ struct MountSettings {
   bool direct_io = false;
   // Write-only opens (O_WRONLY: a checkpoint shard, a dataset file being written) bypass the page
   // cache (FOPEN_DIRECT_IO) on Linux 6.6+, where the kernel keeps other descriptors' cached pages
-  // right (fuse_ops.cc, kMinorDirectWriteDropsCache). Saves the writer's copy into the page cache
+  // right (direct_writes_supported below, with its limits). Saves the writer's copy into the page cache
   // and the pages' bookkeeping (an O_WRONLY descriptor neither reads nor maps): ckpt-write at
   // 0.77-0.87x the CPU per GiB. Off by default because the writer is then no longer paced by its own
   // copy: a checkpoint burst through it ran 1.7x faster beside training readers on the same two
@@ -71,6 +71,15 @@ struct MountSettings {
 // nouser, users, nofail, _netdev, allow_other, default_permissions, x-* (systemd). kInvalid names
 // an unknown option or a bad value.
 Status apply_mount_options(std::string_view list, MountSettings* s);
+
+// Whether a kernel speaking FUSE 7.`fuse_minor` keeps other descriptors' cached pages right under
+// a direct write (MountSettings::direct_writes): from 7.39 (Linux 6.6) it drops the written range
+// from the page cache before sending the write, writing dirty pages of the range back first
+// (invalidate_inode_pages2_range). Limits there: a read or page fault racing with the write may
+// cache the old bytes again (later kernels drop the range after the write too), and a page that is
+// dirtied again while it is being dropped fails the write with EBUSY.
+inline constexpr uint32_t kMinorDirectWriteDropsCache = 39;
+constexpr bool direct_writes_supported(uint32_t fuse_minor) { return fuse_minor >= kMinorDirectWriteDropsCache; }
 
 // kInvalid unless `bytes` is a valid kernel_readahead value (whole KiB, at most 1 GiB; 0 = keep
 // the kernel default). `what` names the option in the message.

@@ -32,7 +32,8 @@ struct EchoReq {
 struct EchoResp {
   std::string text;
   uint32_t bulk_in_len = 0;
-  PENSTOCK_FIELDS(text, bulk_in_len);
+  bool bulk_in_page_aligned = false;  // where the server received the bulk
+  PENSTOCK_FIELDS(text, bulk_in_len, bulk_in_page_aligned);
 };
 struct SleepReq {
   uint32_t ms = 0;
@@ -73,6 +74,7 @@ inline Result<EchoResp> echo(const EchoReq& req, rpc::RequestContext& ctx) {
   EchoResp resp;
   resp.text = req.text;
   resp.bulk_in_len = static_cast<uint32_t>(ctx.bulk_in().size());
+  resp.bulk_in_page_aligned = reinterpret_cast<uintptr_t>(ctx.bulk_in().data()) % 4096 == 0;
   if (req.echo_bulk) {
     ctx.bulk_out().assign(ctx.bulk_in().begin(), ctx.bulk_in().end());
   } else if (req.reply_bulk_len > 0) {

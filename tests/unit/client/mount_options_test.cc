@@ -30,6 +30,14 @@ TEST(MountOptions, PenstockOptions) {
   EXPECT_FALSE(s.read_only);
 }
 
+// direct_writes only where the kernel drops cached pages on a direct write: FUSE 7.39 (Linux 6.6).
+TEST(MountOptions, DirectWritesNeedFuse739) {
+  EXPECT_FALSE(direct_writes_supported(31));
+  EXPECT_FALSE(direct_writes_supported(38));
+  EXPECT_TRUE(direct_writes_supported(39));
+  EXPECT_TRUE(direct_writes_supported(45));  // this machine's kernel 6.18
+}
+
 TEST(MountOptions, GenericOptionsAreAccepted) {
   MountSettings s;
   const MountSettings before = s;

@@ -237,7 +237,9 @@ TEST_P(ChunkStoreTest, WritesFromAlignedBuffersKeepEveryByte) {
   put(8192, pattern(65536, 34), false);
   // After a gap, from a block boundary: the gap reads as zeros.
   put(1u << 20, pattern(69632, 35), false);
-  // One byte past the page start of an aligned buffer, at an unaligned offset (bounced).
+  // One byte past the page start of an aligned buffer, at an aligned offset and at an unaligned
+  // one: both bounce.
+  put(2u << 20, pattern(69632, 37), true, 1);
   put(500001, pattern(70000, 36), true, 1);
   auto want = [&] { return std::vector<uint8_t>(expect.begin(), expect.begin() + static_cast<ptrdiff_t>(len)); };
   EXPECT_EQ(read(0, 0, kChunk4M), want());
