@@ -66,13 +66,6 @@ constexpr bool kNoFlushForReadOnly = true;
 
 constexpr uint32_t kMaxWrite = 1u << 20;
 
-// With -o direct_writes a write-only open bypasses the page cache (FOPEN_DIRECT_IO): the
-// writer's bytes come to us from its own buffer, one copy and no page-cache pages fewer. Other
-// descriptors of the file may still cache (a reader opened before, a mapping), so this is done
-// only where the kernel keeps them right itself (direct_writes_supported, mount_options.h).
-// Doing that from here instead (notify_inval_inode inside WRITE) would wait on page locks held for
-// READs this daemon has yet to answer, and would come after a dirty page's writeback could land.
-
 // An open regular file. Immutable after open except the size hint.
 struct FileHandle {
   InodeId ino;
@@ -409,6 +402,12 @@ void reply_open_handle(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<FileH
   FileHandle* raw = fh.release();
   fi->fh = reinterpret_cast<uint64_t>(raw);
   fi->keep_cache = (kKeepCacheWhenUnchanged && raw->keep_cache) ? 1 : 0;
+  // With -o direct_writes a write-only open bypasses the page cache too: the writer's bytes come
+  // to us from its own buffer, one copy and no page-cache pages fewer. Other descriptors of the
+  // file may still cache (a reader opened before, a mapping), so op_init keeps this only where the
+  // kernel keeps them right itself (direct_writes_supported, mount_options.h). Doing that from here
+  // instead (notify_inval_inode inside WRITE) would wait on page locks held for READs this daemon
+  // has yet to answer, and would come after a dirty page's writeback could land.
   const MountState* mount = static_cast<MountState*>(fuse_req_userdata(req));
   fi->direct_io = (mount->direct_io || (mount->direct_writes && (fi->flags & O_ACCMODE) == O_WRONLY)) ? 1 : 0;
   raw->writable = !kNoFlushForReadOnly || (fi->flags & O_ACCMODE) != O_RDONLY;

@@ -1,5 +1,6 @@
 // ByteBuffer: a std::vector<uint8_t> whose resize() leaves new bytes uninitialized. For buffers
-// that I/O fills right after sizing them (request and reply bulk in the RPC server, chunk reads):
+// that I/O fills right after sizing them (request messages and reply bulk in the RPC server,
+// chunk reads):
 // zero-filling a 1 MiB buffer that a read() overwrites at once cost ~5 % of a data server's CPU.
 // Everything else about it is std::vector (value-initialization with an explicit value, e.g.
 // assign(n, 0) or resize(n, 0), still writes that value). AlignedByteBuffer is the same with
