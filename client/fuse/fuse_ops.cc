@@ -66,10 +66,15 @@ constexpr bool kNoFlushForReadOnly = true;
 
 constexpr uint32_t kMaxWrite = 1u << 20;
 
-// An open regular file. Immutable after open except the size hint.
+// An open regular file. Immutable after open except the size hint and a pending layout.
 struct FileHandle {
   InodeId ino;
+  // A file created behind (client/lib/create_behind.h) has no chains until the meta server has
+  // applied its create: layout_of() fetches them at its first read, write or fsync, under
+  // layout_mu; layout is read without it once layout_pending is false.
   proto::Layout layout;
+  std::atomic<bool> layout_pending{false};
+  std::mutex layout_mu;
   std::atomic<uint64_t> size_hint{0};  // the size known at open (or after our own truncate)
   bool keep_cache = false;             // the kernel may keep its pages (see kKeepCacheWhenUnchanged)
   bool writable = true;                // opened for writing: its close flushes (kNoFlushForReadOnly)
@@ -89,6 +94,18 @@ Client& client_of(fuse_req_t req) { return *static_cast<MountState*>(fuse_req_us
 
 FileHandle* file_of(const fuse_file_info* fi) { return reinterpret_cast<FileHandle*>(fi->fh); }
 DirHandle* dir_of(const fuse_file_info* fi) { return reinterpret_cast<DirHandle*>(fi->fh); }
+
+// The handle's layout, fetched first for a file created behind.
+Result<const proto::Layout*> layout_of(fuse_req_t req, FileHandle* fh) {
+  if (!fh->layout_pending.load(std::memory_order_acquire)) return &fh->layout;
+  std::lock_guard lock(fh->layout_mu);
+  if (fh->layout_pending.load(std::memory_order_relaxed)) {
+    PENSTOCK_ASSIGN_OR_RETURN(proto::Layout l, client_of(req).created_layout(fh->ino));
+    fh->layout = std::move(l);
+    fh->layout_pending.store(false, std::memory_order_release);
+  }
+  return &fh->layout;
+}
 
 proto::Caller caller_of(fuse_req_t req) {
   const fuse_ctx* ctx = fuse_req_ctx(req);
@@ -446,6 +463,7 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   auto fh = std::make_unique<FileHandle>();
   fh->ino = r->ino;
   fh->layout = r->layout;
+  fh->layout_pending.store(r->layout.chains.empty());  // created behind (every other file has chains)
   fh->size_hint.store(r->size);
   fh->read_ctx = client_of(req).make_read_context(r->generation);
   fuse_entry_param e = to_entry(*r);
@@ -460,7 +478,9 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   thread_local std::vector<uint8_t> scratch;
   thread_local client::ReadPieces pieces;
   if (scratch.size() < size) scratch.resize(size);
-  auto r = client_of(req).read_pieces(fh->ino, fh->layout, fh->size_hint.load(), static_cast<uint64_t>(off),
+  auto layout = layout_of(req, fh);
+  if (!layout.has_value()) return reply_status(req, layout.error(), "read", ino);
+  auto r = client_of(req).read_pieces(fh->ino, **layout, fh->size_hint.load(), static_cast<uint64_t>(off),
                                       std::span<uint8_t>(scratch.data(), size), fh->read_ctx.get(), &pieces);
   if (!r.has_value()) {
     pieces.clear();
@@ -490,7 +510,9 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
 
 void do_write(fuse_req_t req, fuse_ino_t ino, std::span<const uint8_t> data, off_t off, fuse_file_info* fi) {
   FileHandle* fh = file_of(fi);
-  Status st = client_of(req).write(fh->ino, fh->layout, static_cast<uint64_t>(off), data, &fh->write_cursor);
+  auto layout = layout_of(req, fh);
+  if (!layout.has_value()) return reply_status(req, layout.error(), "write", ino);
+  Status st = client_of(req).write(fh->ino, **layout, static_cast<uint64_t>(off), data, &fh->write_cursor);
   if (!st.is_ok()) return reply_status(req, st, "write", ino);
   fuse_reply_write(req, data.size());
 }
@@ -529,7 +551,9 @@ void op_flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 
 void op_fsync(fuse_req_t req, fuse_ino_t ino, int, fuse_file_info* fi) {
   FileHandle* fh = file_of(fi);
-  reply_status(req, client_of(req).fsync(fh->ino, fh->layout, &fh->write_cursor), "fsync", ino);
+  auto layout = layout_of(req, fh);
+  if (!layout.has_value()) return reply_status(req, layout.error(), "fsync", ino);
+  reply_status(req, client_of(req).fsync(fh->ino, **layout, &fh->write_cursor), "fsync", ino);
 }
 
 void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {

@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
       "      deploy/mount.fuse.penstock for `mount -t fuse.penstock` and fstab)\n"
       "Unmount with `fusermount3 -u MOUNTPOINT` (or umount as root)."};
   app.set_config("--config", "", "read options from a TOML file (keys: meta, threads, clone-fd, "
-                                 "direct-io, direct-writes, foreground, log-level, log-file, transport, cache-size, readahead-max, "
+                                 "direct-io, direct-writes, create-behind, foreground, log-level, log-file, transport, cache-size, readahead-max, "
                                  "dirty-limit, kernel-readahead, sched)");
   app.add_option("--meta", s.meta, "penstock-meta address host:port")->capture_default_str();
   app.add_flag("-f,--foreground", s.foreground, "stay in the foreground, logging to stderr");
@@ -174,6 +174,11 @@ int main(int argc, char** argv) {
                "write-only opens (checkpoint shards) bypass the kernel page cache on Linux 6.6+: one copy "
                "less per byte written, and reads that start after a write returns see it; the writer is no "
                "longer paced by that copy, so it takes more CPU from other processes on the host");
+  app.add_option("--create-behind", s.create_behind,
+                 "true: many files created in one directory by this mount alone are answered at once and "
+                 "sent to penstock-meta in batches, under a lease on the directory's names (another mount's "
+                 "first use of it waits up to the lease term); false: every create is a meta round trip")
+      ->capture_default_str();
   app.add_option("--log-level", s.log_level, "debug, info, warn or error")
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
       ->capture_default_str();
@@ -204,7 +209,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"batch", "normal"}))
       ->capture_default_str();
   app.add_option("-o", option_lists,
-                 "mount options: meta=HOST:PORT, threads=N, clone_fd, direct_io, direct_writes, log_level=L, log_file=F, ro, "
+                 "mount options: meta=HOST:PORT, threads=N, clone_fd, direct_io, direct_writes, "
+                 "[no_]create_behind, log_level=L, log_file=F, ro, "
                  "transport=auto|rdma|tcp, cache_size=S, readahead_max=S, dirty_limit=S, "
                  "kernel_readahead=S, sched=batch|normal; the "
                  "generic rw, defaults, nodev, nosuid, noatime, _netdev, allow_other, ... are accepted")
@@ -281,6 +287,7 @@ int main(int argc, char** argv) {
   copts.cache_size = s.cache_size;
   copts.readahead_max = s.readahead_max;
   copts.dirty_limit = s.dirty_limit;
+  copts.create_behind = s.create_behind;
   penstock::fuse::apply_contract(&copts);
   auto connected = penstock::client::Client::connect(copts);
   if (!connected.has_value()) {
@@ -321,7 +328,8 @@ int main(int argc, char** argv) {
   PENSTOCK_LOG(Info) << "mounted penstock:" << s.meta << " at " << mountpoint << " (threads " << s.threads
                      << (s.clone_fd ? ", clone_fd" : "") << (s.direct_io ? ", direct_io" : "") << (state.direct_writes ? ", direct_writes" : "") << "; cache " << s.cache_size << " bytes, read-ahead up to "
                      << s.readahead_max << " bytes per stream, write-behind up to " << s.dirty_limit
-                     << " dirty bytes; scheduling policy " << s.sched << ")";
+                     << " dirty bytes; creates behind directory leases " << (s.create_behind ? "on" : "off")
+                     << "; scheduling policy " << s.sched << ")";
   if (ready_fd >= 0) finish_daemonizing(ready_fd, s.log_file);
   pthread_sigmask(SIG_UNBLOCK, &term, nullptr);
 

@@ -129,6 +129,13 @@ Status Client::start() {
     heartbeat_ = std::thread([this] { heartbeat_loop(); });
     rel_running_ = true;
     releaser_ = std::thread([this] { release_loop(); });
+    if (options_.create_behind) {
+      CreateBehind::Rpc rpc;
+      rpc.lease = [this](const meta::DirLeaseReq& req) { return meta_call<meta::DirLease>(req); };
+      rpc.batch = [this](const meta::CreateBatchReq& req) { return meta_call<meta::CreateBatch>(req); };
+      rpc.session = [this] { return session(); };
+      cb_ = std::make_unique<CreateBehind>(options_.create_behind_options, std::move(rpc));
+    }
   }
   cache_ = std::make_unique<ChunkCache>(options_.cache_size);
   if (options_.dirty_limit > 0) budget_ = std::make_unique<DirtyBudget>(options_.dirty_limit);
@@ -140,6 +147,8 @@ Client::~Client() { shutdown(); }
 
 void Client::shutdown() {
   std::call_once(shutdown_once_, [this] {
+    // Files created behind reach the meta server before anything else of this session does.
+    if (cb_ != nullptr) cb_->stop();
     // Buffered writes go out before the session closes (an unmount must not drop them).
     std::vector<InodeId> dirty;
     {
@@ -226,9 +235,48 @@ void Client::heartbeat_loop() {
   }
 }
 
+namespace {
+
+// Calls on a directory's names, which wait (kBusy) while another mount holds its lease
+// (server/meta/dir_leases.h).
+template <class M>
+constexpr bool kWaitsForDirLease =
+    std::is_same_v<M, meta::Lookup> || std::is_same_v<M, meta::ReadDir> || std::is_same_v<M, meta::Create> ||
+    std::is_same_v<M, meta::Mknod> || std::is_same_v<M, meta::Mkdir> || std::is_same_v<M, meta::Symlink> ||
+    std::is_same_v<M, meta::Link> || std::is_same_v<M, meta::Unlink> || std::is_same_v<M, meta::Rmdir> ||
+    std::is_same_v<M, meta::Rename>;
+// The calls that must not wait for this client's creates behind: the ones that send them, and the
+// heartbeat that keeps the session (and so the lease) alive.
+template <class M>
+constexpr bool kPassesCreatesBehind =
+    std::is_same_v<M, meta::DirLease> || std::is_same_v<M, meta::CreateBatch> || std::is_same_v<M, meta::Heartbeat> ||
+    std::is_same_v<M, meta::GetClusterMap>;
+
+}  // namespace
+
 template <class M>
 Result<typename M::Response> Client::meta_call(const typename M::Request& req) {
-  return meta_->call<M>(req);
+  // The meta server sees every operation of this client after the creates behind it answered
+  // before (create_behind.h, "Ordering").
+  if constexpr (!kPassesCreatesBehind<M>) {
+    if (cb_ != nullptr) cb_->barrier();
+  }
+  if constexpr (kWaitsForDirLease<M>) {
+    // Another mount's lease ends within its term plus grace (at most 2.1 s): retry until then, with
+    // a growing pause, inside twice that.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(5000);
+    auto pause = std::chrono::milliseconds(2);
+    for (;;) {
+      auto r = meta_->call<M>(req);
+      if (r.has_value() || r.error().code() != Code::kBusy || std::chrono::steady_clock::now() + pause > give_up) {
+        return r;
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    }
+  } else {
+    return meta_->call<M>(req);
+  }
 }
 
 void Client::merge_local_size(proto::InodeAttr* attr) {
@@ -262,7 +310,7 @@ Result<proto::InodeAttr> Client::attr_call(const Req& req) {
 // ---- namespace ----
 
 Result<proto::InodeAttr> Client::lookup(InodeId parent, const std::string& name) {
-  return attr_call<meta::Lookup>(meta::LookupReq{parent, name});
+  return attr_call<meta::Lookup>(meta::LookupReq{parent, name, session()});
 }
 
 std::optional<DirAttrCache::Hit> Client::cached_dir_attr(InodeId dir) const { return dir_attrs_.get(dir); }
@@ -273,6 +321,10 @@ Result<Client::Entry> Client::lookup_entry(InodeId parent, const std::string& na
   // kernel's trust inside the lease (the server waits a further grace period on top).
   // 100 ms covers jiffy rounding and a thread descheduled between here and the kernel.
   constexpr auto kMargin = std::chrono::milliseconds(100);
+  if (cb_ != nullptr && cb_->known_absent(parent, name)) {
+    return Status(Code::kNotFound, "no entry " + name + " in directory " + parent.to_string() +
+                                       " (this mount holds the directory's lease)");
+  }
   const DirAttrCache::Ticket t = dir_attrs_.ticket();  // t.sent: when the call left
   auto r = meta_call<meta::Lookup>(meta::LookupReq{parent, name, session()});
   if (!r.has_value()) return std::move(r).error();
@@ -295,8 +347,22 @@ Result<proto::InodeAttr> Client::setattr(const meta::SetAttrReq& req) {
 
 Result<proto::InodeAttr> Client::create(InodeId parent, const std::string& name, uint32_t mode,
                                         const proto::Caller& caller) {
+  if (cb_ != nullptr) {
+    if (std::optional<proto::InodeAttr> a = cb_->create(parent, name, mode, caller)) {
+      {
+        std::lock_guard<std::mutex> lock(opened_mu_);
+        opened_[a->ino] = OpenedVersion{a->generation, a->mtime_ns};
+      }
+      note_no_caps(a->ino);
+      // The parent's cached attributes stay as they are (its mtime may lag up to their age).
+      return *a;
+    }
+  }
   auto r = attr_call<meta::Create>(meta::CreateReq{parent, name, mode, caller, session()});
+  // The name may exist after a failure too (kExists, a lost reply): a lease's list keeps it.
+  if (cb_ != nullptr && !r.has_value()) cb_->added(parent, name);
   if (r.has_value()) {
+    if (cb_ != nullptr) cb_->created_sync(parent, name, r->ino);
     {
       std::lock_guard<std::mutex> lock(opened_mu_);
       opened_[r->ino] = OpenedVersion{r->generation, r->mtime_ns};
@@ -310,23 +376,29 @@ Result<proto::InodeAttr> Client::create(InodeId parent, const std::string& name,
 
 Result<proto::InodeAttr> Client::mknod(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
                                        const proto::Caller& caller) {
-  return attr_call<meta::Mknod>(meta::MknodReq{parent, name, mode, rdev, caller});
+  auto r = attr_call<meta::Mknod>(meta::MknodReq{parent, name, mode, rdev, caller, session()});
+  if (cb_ != nullptr) cb_->added(parent, name);  // also after a failure: it may exist (see create)
+  return r;
 }
 
 Result<proto::InodeAttr> Client::mkdir(InodeId parent, const std::string& name, uint32_t mode,
                                        const proto::Caller& caller) {
-  return attr_call<meta::Mkdir>(meta::MkdirReq{parent, name, mode, caller});
+  auto r = attr_call<meta::Mkdir>(meta::MkdirReq{parent, name, mode, caller, session()});
+  if (cb_ != nullptr) cb_->added(parent, name);  // also after a failure: it may exist (see create)
+  return r;
 }
 
 Status Client::unlink(InodeId parent, const std::string& name) {
-  Status st = meta_call<meta::Unlink>(meta::NameReq{parent, name}).status();
+  Status st = meta_call<meta::Unlink>(meta::NameReq{parent, name, session()}).status();
   dir_attrs_.invalidate(parent);  // also on failure: the outcome of a lost reply is unknown
+  if (st.is_ok() && cb_ != nullptr) cb_->removed(parent, name);
   return st;
 }
 
 Status Client::rmdir(InodeId parent, const std::string& name) {
   Status st = meta_call<meta::Rmdir>(meta::NameReq{parent, name, session()}).status();
   dir_attrs_.invalidate_all();  // the parent and the removed directory
+  if (st.is_ok() && cb_ != nullptr) cb_->removed(parent, name);
   return st;
 }
 
@@ -334,16 +406,23 @@ Status Client::rename(InodeId parent, const std::string& name, InodeId new_paren
                       uint32_t flags) {
   Status st = meta_call<meta::Rename>(meta::RenameReq{parent, name, new_parent, new_name, flags, session()}).status();
   dir_attrs_.invalidate_all();  // both parents, and a moved directory's ".."
+  // The source name stays listed (a rename between two links of one inode keeps both); a longer
+  // list only sends more lookups to the server.
+  if (cb_ != nullptr) cb_->added(new_parent, new_name);
   return st;
 }
 
 Result<proto::InodeAttr> Client::link(InodeId ino, InodeId new_parent, const std::string& new_name) {
-  return attr_call<meta::Link>(meta::LinkReq{ino, new_parent, new_name});
+  auto r = attr_call<meta::Link>(meta::LinkReq{ino, new_parent, new_name, session()});
+  if (cb_ != nullptr) cb_->added(new_parent, new_name);  // also after a failure (see create)
+  return r;
 }
 
 Result<proto::InodeAttr> Client::symlink(InodeId parent, const std::string& name, const std::string& target,
                                          const proto::Caller& caller) {
-  return attr_call<meta::Symlink>(meta::SymlinkReq{parent, name, target, caller});
+  auto r = attr_call<meta::Symlink>(meta::SymlinkReq{parent, name, target, caller, session()});
+  if (cb_ != nullptr) cb_->added(parent, name);  // also after a failure (see create)
+  return r;
 }
 
 Result<std::string> Client::readlink(InodeId ino) {
@@ -353,7 +432,7 @@ Result<std::string> Client::readlink(InodeId ino) {
 
 Result<meta::ReadDirResp> Client::readdir(InodeId ino, const std::string& after, uint32_t max_entries,
                                           bool plus) {
-  PENSTOCK_ASSIGN_OR_RETURN(auto resp, meta_call<meta::ReadDir>(meta::ReadDirReq{ino, after, max_entries, plus}));
+  PENSTOCK_ASSIGN_OR_RETURN(auto resp, meta_call<meta::ReadDir>(meta::ReadDirReq{ino, after, max_entries, plus, session()}));
   for (auto& e : resp.entries) {
     if (e.attr) merge_local_size(&*e.attr);
   }
@@ -446,6 +525,13 @@ std::unique_ptr<ReadContext> Client::make_read_context(uint64_t generation) cons
 Result<proto::Layout> Client::get_layout(InodeId ino) {
   PENSTOCK_ASSIGN_OR_RETURN(auto resp, meta_call<meta::GetLayout>(meta::InodeReq{ino}));
   return std::move(resp.layout);
+}
+
+Result<proto::Layout> Client::created_layout(InodeId ino) {
+  if (cb_ != nullptr) {
+    if (std::optional<proto::Layout> l = cb_->take_layout(ino)) return std::move(*l);
+  }
+  return get_layout(ino);
 }
 
 Status Client::set_layout(InodeId dir, uint32_t chunk_size, uint32_t stripe_count) {
@@ -1314,7 +1400,17 @@ Status Client::fsync(InodeId ino, const proto::Layout& layout, WriteCursor* curs
 }
 
 Status Client::release(InodeId ino, bool flush_writes, WriteCursor* cursor) {
+  bool written = false;  // since the last size report (what a close after writing has)
+  if (cb_ != nullptr) {
+    std::lock_guard<std::mutex> lock(files_mu_);
+    written = files_.count(ino) != 0;
+  }
   Status flushed = flush_writes ? flush(ino, cursor) : Status::ok();
+  if (cb_ != nullptr) {
+    // A file created behind and closed before its create was sent is sent closed: nothing to release.
+    if (cb_->closed_before_sent(ino)) return flushed;
+    cb_->closed(ino, written);
+  }
   bool queued = false;
   {
     std::lock_guard<std::mutex> lock(rel_mu_);

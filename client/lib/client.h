@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "client/lib/chunk_cache.h"
+#include "client/lib/create_behind.h"
 #include "client/lib/dir_attr_cache.h"
 #include "client/lib/io_plan.h"
 #include "client/lib/read_ahead.h"
@@ -76,6 +77,9 @@ struct ClientOptions {
   // Directory attributes served from DirAttrCache for at most this long after the meta server
   // sent them (the mount's attribute timeout); 0: never.
   std::chrono::milliseconds dir_attr_max_age{0};
+  // Creates behind a directory lease (client/lib/create_behind.h); needs a session.
+  bool create_behind = false;
+  CreateBehindOptions create_behind_options;
 };
 
 // Per open file handle read state: the generation the handle was opened at (cache key) and the
@@ -176,6 +180,9 @@ class Client {
   // Read state for a handle opened at `generation` (pass it to read()).
   std::unique_ptr<ReadContext> make_read_context(uint64_t generation) const;
   Result<proto::Layout> get_layout(InodeId ino);
+  // The layout of a file this client created behind (its chains, once the server applied the
+  // create), without a GetLayout when the create's answer is still known; else get_layout().
+  Result<proto::Layout> created_layout(InodeId ino);
   Status set_layout(InodeId dir, uint32_t chunk_size, uint32_t stripe_count);
   // Applies a parsed layout xattr value to a directory: keys not given keep their current value.
   Status set_layout_text(InodeId dir, const std::string& text);
@@ -233,6 +240,8 @@ class Client {
   Status sync_namespace();
   // Cache and write-behind counters (for logs and tests).
   CacheStats cache_stats() const { return cache_->stats(); }
+  // Creates behind a directory lease (all zero when off).
+  CreateBehindStats create_behind_stats() const { return cb_ ? cb_->stats() : CreateBehindStats{}; }
   // Drops the caches between this client and the disks, for cold-cache benchmarks: this client's
   // chunk cache (open handles keep working; blocks in flight are detached, never put back), then
   // the meta server's DropCaches (its record and block caches; kNotSupported from an older server
@@ -246,7 +255,8 @@ class Client {
   // for nor take the write errors that belong to a writer's close), then queues the Release for
   // the meta server and returns flush()'s result: a background thread sends queued releases in
   // batches (ReleaseMany, within about 2 ms), so a close never waits for its release and many
-  // closes share one RPC. shutdown() sends the rest.
+  // closes share one RPC. shutdown() sends the rest. A file created behind whose create is still
+  // queued is sent closed instead (CreateBehind::closed_before_sent): no Release at all.
   Status release(InodeId ino, bool flush_writes = true, WriteCursor* cursor = nullptr);
   // Cuts the file to `size`: data Truncate on every target of every chain of its layout first, then
   // the meta size, then forgets this client's size knowledge. Returns the new attributes.
@@ -346,6 +356,7 @@ class Client {
   // Destroyed last: every channel made on it must be gone first.
   std::unique_ptr<net::IoRuntime> runtime_;
   std::unique_ptr<rpc::RpcClient> meta_;
+  std::unique_ptr<CreateBehind> cb_;  // with ClientOptions::create_behind and a session; own lock
 
   mutable std::mutex routes_mu_;  // leaf lock
   std::shared_ptr<const ClusterRoutes> routes_;  // guarded by routes_mu_

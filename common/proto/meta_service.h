@@ -57,10 +57,19 @@ struct CreateReq {
   InodeId parent; std::string name; uint32_t mode = 0; Caller caller; SessionId session;
   PENSTOCK_FIELDS(parent, name, mode, caller, session);
 };
-struct MknodReq { InodeId parent; std::string name; uint32_t mode = 0; uint64_t rdev = 0; Caller caller; PENSTOCK_FIELDS(parent, name, mode, rdev, caller); };
-struct MkdirReq { InodeId parent; std::string name; uint32_t mode = 0; Caller caller; PENSTOCK_FIELDS(parent, name, mode, caller); };
-// `session`: the requester, whose own entry lease on the name does not delay an rmdir (its
-// kernel drops the dentry itself); unlink ignores it.
+// `session` (here and in every request naming a directory's entries): the requester. Another
+// session's directory lease makes the request wait (kBusy, see DirLease below); the requester's own
+// does not.
+struct MknodReq {
+  InodeId parent; std::string name; uint32_t mode = 0; uint64_t rdev = 0; Caller caller; SessionId session;
+  PENSTOCK_FIELDS(parent, name, mode, rdev, caller, session);
+};
+struct MkdirReq {
+  InodeId parent; std::string name; uint32_t mode = 0; Caller caller; SessionId session;
+  PENSTOCK_FIELDS(parent, name, mode, caller, session);
+};
+// `session`: also the requester whose own entry lease on the name does not delay an rmdir (its
+// kernel drops the dentry itself).
 struct NameReq { InodeId parent; std::string name; SessionId session; PENSTOCK_FIELDS(parent, name, session); };
 
 // Rename flags as in renameat2(2).
@@ -70,13 +79,19 @@ struct RenameReq {
   InodeId parent; std::string name; InodeId new_parent; std::string new_name; uint32_t flags = 0; SessionId session;
   PENSTOCK_FIELDS(parent, name, new_parent, new_name, flags, session);
 };
-struct LinkReq { InodeId ino; InodeId new_parent; std::string new_name; PENSTOCK_FIELDS(ino, new_parent, new_name); };
-struct SymlinkReq { InodeId parent; std::string name; std::string target; Caller caller; PENSTOCK_FIELDS(parent, name, target, caller); };
+struct LinkReq { InodeId ino; InodeId new_parent; std::string new_name; SessionId session; PENSTOCK_FIELDS(ino, new_parent, new_name, session); };
+struct SymlinkReq {
+  InodeId parent; std::string name; std::string target; Caller caller; SessionId session;
+  PENSTOCK_FIELDS(parent, name, target, caller, session);
+};
 struct ReadlinkResp { std::string target; PENSTOCK_FIELDS(target); };
 
 // Directory listing in pages, in name order. `after` is the last name of the previous page (empty
 // for the first page); at most `max_entries` come back. With `plus`, each entry carries attributes.
-struct ReadDirReq { InodeId ino; std::string after; uint32_t max_entries = 0; bool plus = false; PENSTOCK_FIELDS(ino, after, max_entries, plus); };
+struct ReadDirReq {
+  InodeId ino; std::string after; uint32_t max_entries = 0; bool plus = false; SessionId session;
+  PENSTOCK_FIELDS(ino, after, max_entries, plus, session);
+};
 struct DirEntry { std::string name; InodeId ino; uint32_t mode = 0; std::optional<InodeAttr> attr; PENSTOCK_FIELDS(name, ino, mode, attr); };
 struct ReadDirResp { std::vector<DirEntry> entries; bool eof = false; PENSTOCK_FIELDS(entries, eof); };
 
@@ -84,6 +99,52 @@ struct StatFsResp {
   uint64_t total_bytes = 0; uint64_t free_bytes = 0; uint64_t total_inodes = 0; uint64_t used_inodes = 0;
   uint32_t block_size = 0; uint32_t max_name = 0;
   PENSTOCK_FIELDS(total_bytes, free_bytes, total_inodes, used_inodes, block_size, max_name);
+};
+
+// ---- directory leases and creates behind (server/meta/dir_leases.h) ----
+// DirLease grants (or renews) `session` an exclusive lease on the names of directory `dir` for
+// lease_ns (0: refused) from when the request was sent, less delivery slack: while it lasts, no
+// other session looks up, lists or changes dir's names (they get kBusy and retry), so the holder
+// may answer "no such name" itself and create files behind (CreateBatch). `have_names`: the
+// holder still knows dir's names from its hold; otherwise, or when the hold is new (`fresh`),
+// `names` lists them all (a new hold is refused on a directory with more than kMaxLeasedNames).
+// `dir_attr`: the directory's attributes. `want_inodes` (at most kMaxInodeGrant): fresh inode
+// numbers for this session's creates behind come back in `inos` (fewer when it holds many unused).
+// kBadHandle for a dead session, kNotDir, kNotFound.
+inline constexpr uint32_t kMaxInodeGrant = 1024;
+inline constexpr size_t kMaxLeasedNames = 4096;
+struct DirLeaseReq {
+  SessionId session; InodeId dir; bool have_names = false; uint32_t want_inodes = 0;
+  PENSTOCK_FIELDS(session, dir, have_names, want_inodes);
+};
+struct DirLeaseResp {
+  int64_t lease_ns = 0; bool fresh = false; std::vector<std::string> names; InodeAttr dir_attr;
+  std::vector<InodeId> inos;
+  PENSTOCK_FIELDS(lease_ns, fresh, names, dir_attr, inos);
+};
+// Files the holder of dir's lease created behind, in the order it answered them: each gets its
+// own result, applied as a Create with the given number (one of the session's inos) that also
+// opens the file for the session, unless `open` is false (it was closed again before it was sent:
+// no open record, and no Release follows). An entry fails with kStale when the session no longer holds the
+// lease (another session came after it ran out), kInvalid for a number not given to it, else as a
+// Create. `lease_ns`: the hold renewed from when the request was sent (0: not renewed). At most
+// kMaxCreateBatch entries (kInvalid). `want_inodes` as for DirLease.
+inline constexpr size_t kMaxCreateBatch = 1024;
+struct CreateBehind {
+  std::string name; InodeId ino; uint32_t mode = 0; Caller caller; bool open = true;
+  PENSTOCK_FIELDS(name, ino, mode, caller, open);
+};
+struct CreateBatchReq {
+  SessionId session; InodeId dir; std::vector<CreateBehind> entries; uint32_t want_inodes = 0;
+  PENSTOCK_FIELDS(session, dir, entries, want_inodes);
+};
+struct CreateResult {
+  uint32_t code = 0; std::string message; std::optional<InodeAttr> attr;  // code: a base Code
+  PENSTOCK_FIELDS(code, message, attr);
+};
+struct CreateBatchResp {
+  std::vector<CreateResult> results; int64_t lease_ns = 0; std::vector<InodeId> inos;
+  PENSTOCK_FIELDS(results, lease_ns, inos);
 };
 
 // ---- xattrs (kNoData when missing; SetXattr flags as in setxattr(2): 1 CREATE, 2 REPLACE) ----
@@ -195,5 +256,7 @@ PENSTOCK_METHOD(SetLayout, ServiceId::kMeta, 51, SetLayoutReq, Empty);
 PENSTOCK_METHOD(GetClusterMap, ServiceId::kMeta, 60, Empty, ClusterMapResp);
 PENSTOCK_METHOD(RegisterNode, ServiceId::kMeta, 61, RegisterNodeReq, RegisterNodeResp);
 PENSTOCK_METHOD(NodeHeartbeat, ServiceId::kMeta, 62, NodeHeartbeatReq, HeartbeatResp);
+PENSTOCK_METHOD(DirLease, ServiceId::kMeta, 70, DirLeaseReq, DirLeaseResp);
+PENSTOCK_METHOD(CreateBatch, ServiceId::kMeta, 71, CreateBatchReq, CreateBatchResp);
 
 }  // namespace penstock::proto::meta

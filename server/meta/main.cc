@@ -36,6 +36,7 @@ struct Flags {
   double session_lease_s = 30;
   double node_timeout_s = 10;
   double entry_lease_s = meta::kDefaultEntryLeaseNs / 1e9;
+  int64_t dir_lease_ms = meta::kDefaultDirLeaseNs / 1'000'000;
   int workers = 8;
   int io_threads = 2;
   int close_sync_ms = 50;
@@ -80,6 +81,11 @@ int run(const Flags& flags) {
               << " seconds\n";
     return 2;
   }
+  if (!(flags.dir_lease_ms >= 0 && flags.dir_lease_ms <= meta::kMaxDirLeaseNs / 1'000'000)) {
+    std::cerr << "penstock-meta: --dir-lease-ms must be between 0 (off) and " << meta::kMaxDirLeaseNs / 1'000'000
+              << "\n";
+    return 2;
+  }
   daemon::block_termination_signals();
   // Every mount holds a few connections (shared ones and one per thread that waits on a call).
   if (const size_t files = daemon::raise_open_file_limit(); files < 4096) {
@@ -109,6 +115,7 @@ int run(const Flags& flags) {
   opts.session_lease_ns = static_cast<int64_t>(flags.session_lease_s * 1e9);
   opts.node_timeout_ns = static_cast<int64_t>(flags.node_timeout_s * 1e9);
   opts.entry_leases.term_ns = static_cast<int64_t>(flags.entry_lease_s * 1e9);
+  opts.dir_leases.term_ns = flags.dir_lease_ms * 1'000'000;
   auto service = meta::MetaService::open(&cached, opts);
   if (!service.has_value()) {
     PENSTOCK_LOG(Error) << service.error().to_string();
@@ -147,7 +154,9 @@ int run(const Flags& flags) {
   char lease[32];
   std::snprintf(lease, sizeof lease, flags.entry_lease_s > 0 ? "%g s" : "off", flags.entry_lease_s);
   PENSTOCK_LOG(Info) << "penstock-meta listening on " << ep->host << ":" << server.port() << ", db " << flags.db
-                     << ", map version " << svc.map_version() << ", directory entry leases " << lease << ", scrub "
+                     << ", map version " << svc.map_version() << ", directory entry leases " << lease
+                     << ", directory leases for creates behind "
+                     << (flags.dir_lease_ms > 0 ? std::to_string(flags.dir_lease_ms) + " ms" : std::string("off")) << ", scrub "
                      << (flags.scrub_interval_s > 0 ? "every " + std::to_string(static_cast<int64_t>(flags.scrub_interval_s)) + " s"
                                                     : std::string("on demand only"));
 
@@ -200,6 +209,13 @@ int main(int argc, char** argv) {
                  "Seconds a mount may reuse a directory's name without asking again; rmdir and rename of a directory "
                  "another mount looked up wait up to this long (default 1; 0 turns entry leases off). For that long after a "
                  "start, every rmdir and rename waits, for the longest term this database was ever served with")
+      ->capture_default_str();
+  app.add_option("--dir-lease-ms", flags.dir_lease_ms,
+                 "Milliseconds a mount may hold a directory's names for itself, answering \"no such name\" and creating "
+                 "files behind (sent in batches) while it creates many files there; another mount's first use of that "
+                 "directory waits up to this long plus 100 ms, and it is not leased again for 10 s (default 250; 0 turns "
+                 "directory leases off; at most 2000). For that long after a start, every directory operation waits, for "
+                 "the longest term this database was ever served with")
       ->capture_default_str();
   app.add_option("--close-sync-ms", flags.close_sync_ms,
                  "Milliseconds within which a file size reported by close(), and a create, mkdir, mknod, symlink or "

@@ -83,6 +83,9 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
     PENSTOCK_LOG(Info) << "DropCaches: " << r.bytes << " bytes of cached records and blocks dropped";
     return r;
   });
+  server.handle<pm::DirLease>([&svc](const pm::DirLeaseReq& r, RequestContext&) { return svc.dir_lease(r); });
+  server.handle<pm::CreateBatch>(
+      [&svc](const pm::CreateBatchReq& r, RequestContext&) { return svc.create_batch(r); });
   server.handle<pm::GetLayout>([&svc](const pm::InodeReq& r, RequestContext&) { return svc.get_layout(r); },
                  kInline);
   server.handle<pm::SetLayout>(

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <set>
+#include <unordered_set>
 
 #include "common/base/log.h"
 #include "common/layout/layout.h"
@@ -63,6 +64,15 @@ Status validate_name(std::string_view name) {
   if (name.find('/') != std::string_view::npos) return Status(Code::kInvalid, "name " + quoted(name) + " contains '/'");
   if (name.find('\0') != std::string_view::npos) return Status(Code::kInvalid, "name contains a NUL byte");
   return Status::ok();
+}
+
+// The answer to an operation on `dir`'s names while another session's directory lease may still be
+// in use for `wait_ns` (DirLeases::check; 0: go on).
+Status leased_elsewhere(int64_t wait_ns, InodeId dir) {
+  if (wait_ns == 0) return Status::ok();
+  const int64_t ms = std::max<int64_t>(1, (wait_ns + 999'999) / 1'000'000);
+  return Status(Code::kBusy, "directory " + dir.to_string() + " is leased to another mount for creates; retry in " +
+                                 std::to_string(ms) + " ms");
 }
 
 Status validate_xattr_name(std::string_view name) {
@@ -223,7 +233,7 @@ class MetaService::Txn {
 // Setup
 
 MetaService::MetaService(Store* store, MetaOptions options)
-    : store_(store), options_(std::move(options)), leases_(options_.entry_leases) {
+    : store_(store), options_(std::move(options)), leases_(options_.entry_leases), dir_leases_(options_.dir_leases) {
   if (!options_.now) options_.now = system_now_ns;
   if (options_.inode_batch == 0) options_.inode_batch = 1;
   uint64_t seed = options_.seed;
@@ -242,6 +252,11 @@ Result<std::unique_ptr<MetaService>> MetaService::open(Store* store, MetaOptions
   EntryLeaseOptions& leases = options.entry_leases;
   leases.restart_guard_ns = std::max(leases.restart_guard_ns,
                                      static_cast<int64_t>(std::min<uint64_t>(earlier, kMaxEntryLeaseNs)));
+  // The same for directory leases: a mount may answer from one until its term ends.
+  auto stored_dir = read_counter(store, schema::kDirLeaseTerm, 0);
+  if (!stored_dir.has_value()) return stored_dir.error().with_context("load metadata from " + store->describe());
+  options.dir_leases.restart_guard_ns = std::max(
+      options.dir_leases.restart_guard_ns, static_cast<int64_t>(std::min<uint64_t>(*stored_dir, kMaxDirLeaseNs)));
   std::unique_ptr<MetaService> svc(new MetaService(store, std::move(options)));
   PENSTOCK_RETURN_IF_ERROR(svc->load().with_context("load metadata from " + store->describe()));
   return svc;
@@ -346,6 +361,7 @@ Status MetaService::load() {
   PENSTOCK_RETURN_IF_ERROR(st);
 
   batch.put(std::string(schema::kLeaseTerm), u64_record(static_cast<uint64_t>(options_.entry_leases.restart_guard())));
+  batch.put(std::string(schema::kDirLeaseTerm), u64_record(static_cast<uint64_t>(options_.dir_leases.restart_guard())));
   // Every node starts offline: the map differs from the one before the restart, so it gets a new
   // version.
   PENSTOCK_RETURN_IF_ERROR(bump_map_version(&batch));
@@ -573,6 +589,7 @@ Status MetaService::close_session_applied(const pm::SessionReq& req) {
     }
     PENSTOCK_RETURN_IF_ERROR(drop_opens_of_session(req.session, &queued).with_context("close session " + req.session.to_string()));
     sessions_.erase(req.session.value);
+    dir_leases_.drop_session(req.session);
     PENSTOCK_LOG(Info) << "session " << req.session.value << " closed";
   }
   notify_gc(queued);
@@ -584,6 +601,7 @@ Status MetaService::close_session_applied(const pm::SessionReq& req) {
 
 Result<pm::AttrResp> MetaService::lookup(const pm::LookupReq& req) {
   PENSTOCK_RETURN_IF_ERROR(validate_name(req.name));
+  PENSTOCK_RETURN_IF_ERROR(leased_elsewhere(dir_leases_.check(req.parent, req.session), req.parent));
   const uint64_t lease_epoch = leases_.epoch();  // before the reads (entry_leases.h)
   PENSTOCK_ASSIGN_OR_RETURN(auto parent, read_dir_inode(store_, req.parent));
   (void)parent;
@@ -614,6 +632,7 @@ Result<pm::ReadlinkResp> MetaService::readlink(const pm::InodeReq& req) {
 }
 
 Result<pm::ReadDirResp> MetaService::read_dir(const pm::ReadDirReq& req) {
+  PENSTOCK_RETURN_IF_ERROR(leased_elsewhere(dir_leases_.check(req.ino, req.session), req.ino));
   PENSTOCK_ASSIGN_OR_RETURN(auto dir, read_dir_inode(store_, req.ino));
   (void)dir;
   uint32_t limit = req.max_entries == 0 ? kDefaultReadDirEntries : std::min(req.max_entries, kMaxReadDirEntries);
@@ -692,11 +711,20 @@ Result<pm::AttrResp> MetaService::make_node_applied(InodeId parent_ino, const st
                                             const std::string& symlink_target, InodeId ino) {
   PENSTOCK_RETURN_IF_ERROR(validate_name(name));
   std::lock_guard lock(mu_);
-  int64_t now = options_.now();
+  const int64_t now = options_.now();
   if (session.valid() && !session_alive(session)) {
     return Status(Code::kBadHandle, "session " + session.to_string() + " is unknown or expired; register a new session");
   }
   Txn txn(store_, &used_inodes_, &gc_queue_);
+  PENSTOCK_ASSIGN_OR_RETURN(pm::AttrResp resp,
+                            make_node_in(txn, parent_ino, name, mode, rdev, caller, session, symlink_target, ino, now));
+  PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("create " + quoted(name) + " in directory " + parent_ino.to_string()));
+  return resp;
+}
+
+Result<pm::AttrResp> MetaService::make_node_in(Txn& txn, InodeId parent_ino, const std::string& name, uint32_t mode,
+                                               uint64_t rdev, const proto::Caller& caller, SessionId session,
+                                               const std::string& symlink_target, InodeId ino, int64_t now) {
   PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * parent, txn.need_dir(parent_ino));
   PENSTOCK_ASSIGN_OR_RETURN(auto existing, read_dentry(store_, parent_ino, name));
   if (existing.has_value()) {
@@ -749,12 +777,11 @@ Result<pm::AttrResp> MetaService::make_node_applied(InodeId parent_ino, const st
   pm::AttrResp resp{rec.attr};
   resp.parent = parent->attr;
   txn.add(std::move(rec));
-  PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("create " + quoted(name) + " in directory " + parent_ino.to_string()));
   return resp;
 }
 
 Result<pm::AttrResp> MetaService::create(const pm::CreateReq& req) {
-  return make_node(req.parent, req.name, S_IFREG | (req.mode & 07777), 0, req.caller, req.session, "");
+  return make_node(req.parent, req.name, S_IFREG | (req.mode & 07777), 0, req.caller, req.session, req.session, "");
 }
 
 Result<pm::AttrResp> MetaService::mknod(const pm::MknodReq& req) {
@@ -775,11 +802,11 @@ Result<pm::AttrResp> MetaService::mknod(const pm::MknodReq& req) {
       return Status(Code::kInvalid, "mknod: unsupported file type " + std::to_string(type));
   }
   uint64_t rdev = (S_ISCHR(type) || S_ISBLK(type)) ? req.rdev : 0;
-  return make_node(req.parent, req.name, type | (req.mode & 07777), rdev, req.caller, SessionId(), "");
+  return make_node(req.parent, req.name, type | (req.mode & 07777), rdev, req.caller, SessionId(), req.session, "");
 }
 
 Result<pm::AttrResp> MetaService::mkdir(const pm::MkdirReq& req) {
-  return make_node(req.parent, req.name, S_IFDIR | (req.mode & 07777), 0, req.caller, SessionId(), "");
+  return make_node(req.parent, req.name, S_IFDIR | (req.mode & 07777), 0, req.caller, SessionId(), req.session, "");
 }
 
 Result<pm::AttrResp> MetaService::symlink(const pm::SymlinkReq& req) {
@@ -787,7 +814,7 @@ Result<pm::AttrResp> MetaService::symlink(const pm::SymlinkReq& req) {
   if (req.target.size() > pm::kMaxSymlinkBytes) {
     return Status(Code::kNameTooLong, "symlink target of " + std::to_string(req.target.size()) + " bytes is longer than 4095");
   }
-  return make_node(req.parent, req.name, S_IFLNK | 0777, 0, req.caller, SessionId(), req.target);
+  return make_node(req.parent, req.name, S_IFLNK | 0777, 0, req.caller, SessionId(), req.session, req.target);
 }
 
 // Removes the inode for good: its xattrs and record go in this transaction; a regular file with
@@ -1145,10 +1172,13 @@ Status MetaService::release_in(Txn& txn, SessionId session, InodeId ino, uint32_
   }
   txn.batch().del(key);
   txn.batch().del(schema::open_by_inode_key(ino, session));
+  // Only the last close of an unlinked file does more; the inode is one cached read, the scan for
+  // other sessions' opens an iterator, so the scan comes second (every close of a linked file).
+  PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.find(ino));
+  if (rec == nullptr || rec->attr.nlink != 0) return Status::ok();
   PENSTOCK_ASSIGN_OR_RETURN(bool other, has_open(store_, ino, session));
   if (other) return Status::ok();
-  PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.find(ino));
-  if (rec != nullptr && rec->attr.nlink == 0) PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *rec, options_.now(), queued));
+  PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *rec, options_.now(), queued));
   return Status::ok();
 }
 
@@ -1390,6 +1420,7 @@ Status MetaService::expire_applied() {
         continue;
       }
       sessions_.erase(id);
+      dir_leases_.drop_session(SessionId(id));
       PENSTOCK_LOG(Info) << "session " << id << " expired (no heartbeat within the lease); its opens were dropped";
     }
     std::vector<uint64_t> offline;
@@ -1516,24 +1547,170 @@ Result<pm::RegisterSessionResp> MetaService::register_session(const pm::Register
 }
 Status MetaService::close_session(const pm::SessionReq& req) { return durable(close_session_applied(req)); }
 Result<pm::AttrResp> MetaService::make_node(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
-                                            const proto::Caller& caller, SessionId session,
+                                            const proto::Caller& caller, SessionId open_for, SessionId requester,
                                             const std::string& symlink_target) {
+  DirLeases::Change change(dir_leases_, parent, requester);
+  PENSTOCK_RETURN_IF_ERROR(leased_elsewhere(change.wait_ns(), parent));
   // A number taken for a create that then fails (the name exists, ...) is skipped.
   PENSTOCK_ASSIGN_OR_RETURN(InodeId ino, take_inode_number());
-  auto r = make_node_applied(parent, name, mode, rdev, caller, session, symlink_target, ino);
+  auto r = make_node_applied(parent, name, mode, rdev, caller, open_for, symlink_target, ino);
   if (!r.has_value()) return durable(std::move(r));
   return handed(std::move(r));
 }
+Status MetaService::change_victim_dir(InodeId parent, const std::string& name, SessionId session,
+                                      std::optional<DirLeases::Change>* out) {
+  if (!validate_name(name).is_ok()) return Status::ok();  // the change itself says what is wrong
+  PENSTOCK_ASSIGN_OR_RETURN(auto d, read_dentry(store_, parent, name));
+  if (!d.has_value() || !is_dir(d->type)) return Status::ok();
+  out->emplace(dir_leases_, d->ino, session);
+  return leased_elsewhere((*out)->wait_ns(), d->ino);
+}
+
+Result<std::vector<InodeId>> MetaService::grant_inodes(SessionId session, uint32_t want) {
+  std::vector<InodeId> out;
+  const size_t held = dir_leases_.inodes_held(session);
+  const size_t room = held >= options_.dir_leases.max_inodes_per_session ? 0
+                                                                          : options_.dir_leases.max_inodes_per_session - held;
+  const size_t n = std::min<size_t>({want, pm::kMaxInodeGrant, room});
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    PENSTOCK_ASSIGN_OR_RETURN(InodeId ino, take_inode_number());
+    out.push_back(ino);
+  }
+  dir_leases_.give_inodes(session, out);
+  return out;
+}
+
+Result<pm::DirLeaseResp> MetaService::dir_lease(const pm::DirLeaseReq& req) {
+  {
+    std::lock_guard lock(mu_);
+    if (!session_alive(req.session)) {
+      return Status(Code::kBadHandle, "session " + req.session.to_string() + " is unknown or expired; register a new session");
+    }
+  }
+  PENSTOCK_ASSIGN_OR_RETURN(auto dir, read_dir_inode(store_, req.dir));
+  pm::DirLeaseResp resp;
+  resp.dir_attr = dir.attr;
+  const DirLeases::Grant g = dir_leases_.grant(req.dir, req.session, req.have_names);
+  resp.lease_ns = g.lease_ns;
+  resp.fresh = g.fresh;
+  if (g.lease_ns > 0 && g.fresh) {
+    const std::string prefix = schema::dentry_prefix(req.dir);
+    bool too_many = false;
+    PENSTOCK_RETURN_IF_ERROR(store_->scan(prefix, prefix, [&](std::string_view key, std::string_view) {
+      if (resp.names.size() >= pm::kMaxLeasedNames) {
+        too_many = true;
+        return false;
+      }
+      resp.names.emplace_back(key.substr(prefix.size()));
+      return true;
+    }));
+    if (too_many || !dir_leases_.confirm(req.dir, req.session, g.epoch)) {
+      if (too_many) dir_leases_.release(req.dir, req.session);
+      resp.lease_ns = 0;
+      resp.fresh = false;
+      resp.names.clear();
+    }
+  }
+  {
+    // A session closed or expired since the check above holds nothing.
+    std::lock_guard lock(mu_);
+    if (!session_alive(req.session)) {
+      dir_leases_.drop_session(req.session);
+      return Status(Code::kBadHandle, "session " + req.session.to_string() + " is unknown or expired; register a new session");
+    }
+  }
+  // take_inode_number hands out numbers a completed sync covered only.
+  PENSTOCK_ASSIGN_OR_RETURN(resp.inos, grant_inodes(req.session, req.want_inodes));
+  return resp;
+}
+
+Result<pm::CreateBatchResp> MetaService::create_batch(const pm::CreateBatchReq& req) {
+  if (req.entries.size() > pm::kMaxCreateBatch) {
+    return Status(Code::kInvalid, std::to_string(req.entries.size()) + " creates in one CreateBatch; at most " +
+                                      std::to_string(pm::kMaxCreateBatch));
+  }
+  pm::CreateBatchResp resp;
+  resp.results.reserve(req.entries.size());
+  {
+    // The holder's own change: never waits while it holds dir, and keeps anyone else from dropping
+    // the hold halfway through the batch.
+    DirLeases::Change change(dir_leases_, req.dir, req.session);
+    const bool held = change.wait_ns() == 0 && dir_leases_.holds(req.dir, req.session);
+    // The whole batch is one transaction (one store write).
+    std::lock_guard lock(mu_);
+    const int64_t now = options_.now();
+    if (!session_alive(req.session)) {
+      return Status(Code::kBadHandle, "session " + req.session.to_string() + " is unknown or expired; register a new session");
+    }
+    Txn txn(store_, &used_inodes_, &gc_queue_);
+    std::unordered_set<std::string_view> names;  // made in this batch (the store does not show them yet)
+    for (const pm::CreateBehind& e : req.entries) {
+      pm::CreateResult r;
+      Status st = validate_name(e.name);
+      if (!st.is_ok()) {
+      } else if (names.count(e.name) != 0) {
+        st = Status(Code::kExists, quoted(e.name) + " already exists in directory " + req.dir.to_string());
+      } else if (!held) {
+        st = Status(Code::kStale, "the lease of session " + req.session.to_string() + " on directory " +
+                                      req.dir.to_string() + " ended before this create of " + quoted(e.name) +
+                                      " arrived (another mount used the directory after it ran out)");
+      } else if (!dir_leases_.take_inode(req.session, e.ino)) {
+        st = Status(Code::kInvalid, "inode number " + e.ino.to_string() + " was not given to session " +
+                                        req.session.to_string() + " (or is used already)");
+      } else {
+        auto a = make_node_in(txn, req.dir, e.name, S_IFREG | (e.mode & 07777), 0, e.caller,
+                              e.open ? req.session : SessionId(), "", e.ino, now);
+        if (a.has_value()) {
+          r.attr = std::move(a->attr);
+          names.insert(e.name);
+        } else {
+          st = a.error();
+        }
+      }
+      r.code = static_cast<uint32_t>(st.code());
+      if (!st.is_ok()) r.message = st.message();
+      resp.results.push_back(std::move(r));
+    }
+    if (Status st = txn.commit(); !st.is_ok()) {
+      for (pm::CreateResult& r : resp.results) {
+        if (r.code != static_cast<uint32_t>(Code::kOk)) continue;
+        r.code = static_cast<uint32_t>(st.code());
+        r.message = "create behind in directory " + req.dir.to_string() + ": " + st.message();
+        r.attr.reset();
+      }
+    }
+  }
+  resp.lease_ns = dir_leases_.renew(req.dir, req.session);
+  PENSTOCK_ASSIGN_OR_RETURN(resp.inos, grant_inodes(req.session, req.want_inodes));
+  return handed(Result<pm::CreateBatchResp>(std::move(resp)));
+}
+
 Status MetaService::unlink(const pm::NameReq& req) {
+  DirLeases::Change change(dir_leases_, req.parent, req.session);
+  PENSTOCK_RETURN_IF_ERROR(leased_elsewhere(change.wait_ns(), req.parent));
   Status st = unlink_applied(req);
   if (!st.is_ok()) return durable(std::move(st));
   return handed(std::move(st));
 }
 Status MetaService::rmdir(const pm::NameReq& req) {
+  DirLeases::Change dir_change(dir_leases_, req.parent, req.session);
+  PENSTOCK_RETURN_IF_ERROR(leased_elsewhere(dir_change.wait_ns(), req.parent));
+  std::optional<DirLeases::Change> victim;
+  PENSTOCK_RETURN_IF_ERROR(change_victim_dir(req.parent, req.name, req.session, &victim));
   EntryLeases::Change change(leases_, {{req.parent, req.name}}, req.session);
   return durable(rmdir_applied(req));
 }
 Status MetaService::rename(const pm::RenameReq& req) {
+  DirLeases::Change from_dir(dir_leases_, req.parent, req.session);
+  PENSTOCK_RETURN_IF_ERROR(leased_elsewhere(from_dir.wait_ns(), req.parent));
+  std::optional<DirLeases::Change> to_dir;
+  if (req.new_parent != req.parent) {
+    to_dir.emplace(dir_leases_, req.new_parent, req.session);
+    PENSTOCK_RETURN_IF_ERROR(leased_elsewhere(to_dir->wait_ns(), req.new_parent));
+  }
+  std::optional<DirLeases::Change> victim;  // a directory the rename may replace
+  PENSTOCK_RETURN_IF_ERROR(change_victim_dir(req.new_parent, req.new_name, req.session, &victim));
   const EntryLeases::Name from{req.parent, req.name}, to{req.new_parent, req.new_name};
   EntryLeases::Change change(leases_, {from, to}, req.session);
   Status st = durable(rename_applied(req));
@@ -1543,7 +1720,11 @@ Status MetaService::rename(const pm::RenameReq& req) {
   }
   return st;
 }
-Result<pm::AttrResp> MetaService::link(const pm::LinkReq& req) { return durable(link_applied(req)); }
+Result<pm::AttrResp> MetaService::link(const pm::LinkReq& req) {
+  DirLeases::Change change(dir_leases_, req.new_parent, req.session);
+  PENSTOCK_RETURN_IF_ERROR(leased_elsewhere(change.wait_ns(), req.new_parent));
+  return durable(link_applied(req));
+}
 Result<pm::AttrResp> MetaService::set_attr(const pm::SetAttrReq& req) { return durable(set_attr_applied(req)); }
 Result<pm::AttrResp> MetaService::report_size(const pm::ReportSizeReq& req) { return durable(report_size_applied(req)); }
 // A close's report is as durable as the data it describes: close() syncs neither (fsync() does,
@@ -1584,6 +1765,7 @@ Result<pm::HeartbeatResp> MetaService::node_heartbeat(const pm::NodeHeartbeatReq
 }
 Status MetaService::expire() {
   leases_.sweep_expired();
+  dir_leases_.sweep();
   return durable(expire_applied());
 }
 // Not synced: a dequeue lost in a crash only makes the collector repeat removals, which are

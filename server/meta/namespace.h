@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -31,6 +32,7 @@
 
 #include "common/base/result.h"
 #include "common/proto/meta_service.h"
+#include "server/meta/dir_leases.h"
 #include "server/meta/entry_leases.h"
 #include "server/meta/schema.h"
 #include "server/meta/store.h"
@@ -53,7 +55,14 @@ struct MetaOptions {
   // Directory entry leases (server/meta/entry_leases.h); term 0 (the default here, for tests
   // with a fake clock) grants none. The daemon uses kDefaultEntryLeaseNs.
   EntryLeaseOptions entry_leases;
+  // Directory leases for creates behind (server/meta/dir_leases.h); term 0 (the default here)
+  // grants none. The daemon uses kDefaultDirLeaseNs.
+  DirLeaseOptions dir_leases;
 };
+
+inline constexpr int64_t kDefaultDirLeaseNs = 250'000'000;
+// The longest directory lease term penstock-meta accepts (--dir-lease-ms).
+inline constexpr int64_t kMaxDirLeaseNs = 2'000'000'000;
 
 inline constexpr int64_t kDefaultEntryLeaseNs = 1'000'000'000;
 // The longest term penstock-meta accepts (--entry-lease-s, inside a client's call deadline); a
@@ -119,6 +128,14 @@ class MetaService {
   // capped at 4096). "." and ".." are not listed (the client adds them). kNotDir.
   Result<pm::ReadDirResp> read_dir(const pm::ReadDirReq& req);
   Result<pm::StatFsResp> stat_fs();
+  // Every operation on a directory's names above (lookup, read_dir, create, mknod, mkdir, symlink,
+  // link, unlink, rmdir, rename) answers kBusy "retry" while another session holds that
+  // directory's lease (until its term and grace have passed; server/meta/dir_leases.h).
+
+  // ---- directory leases and creates behind ----
+  // pm::DirLease / pm::CreateBatch (see common/proto/meta_service.h).
+  Result<pm::DirLeaseResp> dir_lease(const pm::DirLeaseReq& req);
+  Result<pm::CreateBatchResp> create_batch(const pm::CreateBatchReq& req);
 
   // ---- xattrs ----
   Result<pm::GetXattrResp> get_xattr(const pm::GetXattrReq& req);  // kNoData when absent
@@ -229,6 +246,11 @@ class MetaService {
   Result<pm::AttrResp> make_node_applied(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
                                          const proto::Caller& caller, SessionId session,
                                          const std::string& symlink_target, InodeId ino);
+  // make_node_applied's work inside `txn` (which the caller commits): nothing is changed when it
+  // fails. REQUIRES mu_.
+  Result<pm::AttrResp> make_node_in(Txn& txn, InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
+                                    const proto::Caller& caller, SessionId session, const std::string& symlink_target,
+                                    InodeId ino, int64_t now);
   Status unlink_applied(const pm::NameReq& req);
   Status rmdir_applied(const pm::NameReq& req);
   Status rename_applied(const pm::RenameReq& req);
@@ -255,9 +277,11 @@ class MetaService {
   template <class T>
   T handed(T result);
   // take_inode_number(), make_node_applied, then sync_soon() (durable() for an error).
-  // docs/meta-store.md "Durability".
+  // docs/meta-store.md "Durability". `open_for`: the session the new file is opened for (or none);
+  // `requester`: the session asking (directory leases).
   Result<pm::AttrResp> make_node(InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
-                                 const proto::Caller& caller, SessionId session, const std::string& symlink_target);
+                                 const proto::Caller& caller, SessionId open_for, SessionId requester,
+                                 const std::string& symlink_target);
 
   // Without mu_: the next inode number, always below ino_synced_end_. Half a batch before the
   // synced numbers run out it applies the next reservation without waiting, and counts it synced
@@ -276,11 +300,19 @@ class MetaService {
   Status drop_opens_of_session(SessionId session, bool* queued_gc);
   Status bump_map_version(WriteBatch* batch);
   bool session_alive(SessionId s);
+  // Before a directory `name` in `parent` is removed (rmdir, or replaced by a rename): another
+  // session may hold its lease with creates not yet applied, so its removal is a change of its
+  // names too (*out, kBusy while leased elsewhere). Nothing when it is no directory.
+  Status change_victim_dir(InodeId parent, const std::string& name, SessionId session,
+                           std::optional<DirLeases::Change>* out);
+  // Fresh numbers for `session`'s creates behind: up to `want` (capped), fewer when it holds many.
+  Result<std::vector<InodeId>> grant_inodes(SessionId session, uint32_t want);
   void notify_gc(bool queued);
 
   Store* store_;
   MetaOptions options_;
   EntryLeases leases_;  // its own lock; never taken under mu_
+  DirLeases dir_leases_;  // its own lock, a leaf: taken under mu_ by drop_session and create_batch
 
   // Lock order: mu_ is the only lock of this class and is taken before the store's internal
   // locks. It serializes every mutation (so a read-check-write batch never races another) and

@@ -78,6 +78,10 @@ Result<std::unique_ptr<RocksDbStore>> RocksDbStore::open(const std::string& dir,
   table.pin_l0_filter_and_index_blocks_in_cache = true;
   opts.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   opts.max_background_jobs = 2;
+  // Most gets of a create miss (the new name, its inode): a whole-key bloom filter over the
+  // memtable answers those without searching the skip list.
+  opts.memtable_whole_key_filtering = true;
+  opts.memtable_prefix_bloom_size_ratio = 0.05;
   // Debian's librocksdb logs at DEBUG by default: a formatted line and a write() per FlushWAL, that
   // is per group commit, in the commit's path (16 MB of LOG a minute under creates). INFO keeps
   // flushes and compactions; the LOG rolls at 64 MiB and 4 old ones are kept.

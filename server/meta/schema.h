@@ -43,6 +43,8 @@ inline constexpr std::string_view kMapVersion = "c/map_version";
 inline constexpr std::string_view kUsedInodes = "c/used_inodes";
 // The longest directory-entry lease term this database was served with (restart guard).
 inline constexpr std::string_view kLeaseTerm = "c/lease_term_ns";
+// The longest directory lease term (creates behind) this database was served with (restart guard).
+inline constexpr std::string_view kDirLeaseTerm = "c/dir_lease_term_ns";
 // The file system's id (FileSystemRecord), made on first start: data servers stamp it into their
 // targets and are refused with a target of another file system.
 inline constexpr std::string_view kFileSystemId = "c/fs_id";

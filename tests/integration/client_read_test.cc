@@ -510,6 +510,57 @@ TEST(ClientDurabilityTest, CloseReportsWithoutASyncAndFsyncWaitsForOne) {
   EXPECT_GT(cluster.meta_store().syncs(), before_dirsync) << "sync_namespace did not sync";
 }
 
+// Client A creates behind a directory lease (client/lib/create_behind.h); B, an ordinary client,
+// waits at its first look until A's lease is over and then sees every file with the number A gave
+// it; A's files created behind get their chains from the server at first use.
+TEST_F(ClientReadTest, FilesCreatedBehindALeaseAreAppliedInOrderAndSeenByAnotherClient) {
+  const proto::Caller root{0, 0};
+  client::ClientOptions oa;
+  oa.meta_address = cluster_.meta_address();
+  oa.transport = net::TransportKind::kTcp;
+  oa.call_timeout = 60s;
+  oa.create_behind = true;
+  oa.create_behind_options.creates_before_lease = 4;
+  auto a = client::Client::connect(oa);
+  ASSERT_TRUE(a.has_value()) << a.error().to_string();
+  client::Client& ca = **a;
+  auto dir = ca.mkdir(InodeId{1}, "many", S_IFDIR | 0755, root);
+  ASSERT_TRUE(dir.has_value()) << dir.error().to_string();
+  std::vector<proto::InodeAttr> made;
+  for (int i = 0; i < 300; ++i) {
+    auto f = ca.create(dir->ino, "f" + std::to_string(i), S_IFREG | 0644, root);
+    ASSERT_TRUE(f.has_value()) << i << ": " << f.error().to_string();
+    made.push_back(*f);
+    ASSERT_TRUE(ca.release(f->ino).is_ok());
+  }
+  EXPECT_EQ(ca.lookup_entry(dir->ino, "nope").status().code(), Code::kNotFound);
+  const client::CreateBehindStats st = ca.create_behind_stats();
+  EXPECT_EQ(st.leases, 1u);
+  EXPECT_GE(st.created, 290u) << "after the first few, creates are answered by the client";
+  EXPECT_GE(st.absent, 1u);
+  ASSERT_TRUE(made.back().layout.chains.empty()) << "the last one was created behind";
+  // A's own write to a file created behind: its chains come with the server's answer.
+  auto layout = ca.created_layout(made.back().ino);
+  ASSERT_TRUE(layout.has_value()) << layout.error().to_string();
+  ASSERT_FALSE(layout->chains.empty());
+  const std::vector<uint8_t> data(1000, 0x5a);
+  ASSERT_TRUE(ca.write(made.back().ino, *layout, 0, data).is_ok());
+  ASSERT_TRUE(ca.flush(made.back().ino).is_ok());
+  // B: its first look waits until A's lease is over, then sees all 300 with A's numbers.
+  auto last = client_->lookup(dir->ino, "f299");
+  ASSERT_TRUE(last.has_value()) << last.error().to_string();
+  EXPECT_EQ(last->ino, made.back().ino);
+  EXPECT_EQ(last->size, data.size());
+  auto listed = client_->readdir(dir->ino, "", 1000, false);
+  ASSERT_TRUE(listed.has_value()) << listed.error().to_string();
+  EXPECT_EQ(listed->entries.size(), 300u);
+  // Both go on: B's create is seen by A, whose lease is over.
+  ASSERT_TRUE(client_->create(dir->ino, "fromB", S_IFREG | 0644, root).has_value());
+  EXPECT_TRUE(ca.lookup(dir->ino, "fromB").has_value());
+  EXPECT_EQ(ca.create_behind_stats().failed, 0u);
+  a->reset();
+}
+
 // rmdir and rename of a directory another client looked up wait until its entry lease ends (about
 // a second). They run on penstock-meta's waiting pool: more of them at once than the server has
 // workers must not hold up a create, which finishes while every one of them still waits.

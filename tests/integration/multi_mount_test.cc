@@ -127,6 +127,49 @@ int chunk_files_of(const std::string& state_dir, uint64_t ino) {
   return n;
 }
 
+// Many creates in one directory make mount A take the directory's lease and answer creates itself
+// (client/lib/create_behind.h). B's first look waits until A's lease is over and sees every file;
+// the files A created behind hold data written right after their create; both mounts then go on.
+TEST_F(TwoMountsTest, FilesCreatedBehindALeaseAreSeenByTheOtherMountAtItsFirstLook) {
+  constexpr int kFiles = 200;
+  const std::string dir = a("many");
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0) << errno_name(errno);
+  for (int i = 0; i < kFiles; ++i) {
+    const std::string p = dir + "/f" + std::to_string(i);
+    const int fd = open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0640);
+    ASSERT_GE(fd, 0) << p << ": " << errno_name(errno);
+    if (i % 50 == 49) {
+      ASSERT_TRUE(write_all(fd, "data of " + std::to_string(i))) << p;  // writes need the chains
+    }
+    ASSERT_EQ(close(fd), 0) << p << ": " << errno_name(errno);
+  }
+  // A's own view: a name it created is there, one it did not is not (answered from the lease).
+  struct stat st {};
+  EXPECT_EQ(stat((dir + "/f7").c_str(), &st), 0) << errno_name(errno);
+  EXPECT_EQ(stat((dir + "/nope").c_str(), &st), -1);
+  EXPECT_EQ(errno, ENOENT);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::set<std::string> seen = list_dir(b("many"));
+  const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kFiles));
+  EXPECT_LT(waited_s, 5.0) << "B waits at most the lease term plus grace";
+  for (int i = 49; i < kFiles; i += 50) {
+    EXPECT_EQ(contents(b("many/f" + std::to_string(i))), "data of " + std::to_string(i));
+  }
+  ASSERT_EQ(stat(b("many/f0").c_str(), &st), 0) << errno_name(errno);
+  EXPECT_EQ(st.st_mode, S_IFREG | 0640u);
+  EXPECT_EQ(st.st_uid, geteuid());
+  // B changes the directory; A, whose lease is over, sees it at once.
+  ASSERT_TRUE(write_file(b("many/fromB"), "b"));
+  ASSERT_EQ(unlink(b("many/f1").c_str()), 0) << errno_name(errno);
+  EXPECT_EQ(contents(a("many/fromB")), "b");
+  EXPECT_EQ(stat(a("many/f1").c_str(), &st), -1);
+  EXPECT_EQ(errno, ENOENT);
+  ASSERT_TRUE(write_file(a("many/fromA"), "a"));
+  EXPECT_EQ(contents(b("many/fromA")), "a");
+  EXPECT_EQ(list_dir(a("many")).size(), static_cast<size_t>(kFiles + 1));
+}
+
 TEST_F(TwoMountsTest, FileUnlinkedOnBStaysReadableOnAAndIsCollectedAfterClose) {
   const std::string data = pattern((3u << 20) + 5, 0, 41);
   ASSERT_TRUE(write_file(a("f"), data));

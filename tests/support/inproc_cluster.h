@@ -62,6 +62,7 @@ class InProcessCluster {
     dir_ = tmpl;
     meta::MetaOptions mo;
     mo.entry_leases.term_ns = meta::kDefaultEntryLeaseNs;  // as the daemon
+    mo.dir_leases.term_ns = meta::kDefaultDirLeaseNs;
     auto svc = meta::MetaService::open(&store_, mo);
     if (!svc.has_value()) return ::testing::AssertionFailure() << "meta service: " << svc.error().to_string();
     service_ = std::move(svc).value();

@@ -30,6 +30,15 @@ TEST(MountOptions, PenstockOptions) {
   EXPECT_FALSE(s.read_only);
 }
 
+TEST(MountOptions, CreateBehindIsOnUnlessTurnedOff) {
+  MountSettings s;
+  EXPECT_TRUE(s.create_behind);
+  ASSERT_TRUE(apply_mount_options("no_create_behind", &s).is_ok());
+  EXPECT_FALSE(s.create_behind);
+  ASSERT_TRUE(apply_mount_options("create_behind", &s).is_ok());
+  EXPECT_TRUE(s.create_behind);
+}
+
 // direct_writes only where the kernel drops cached pages on a direct write: FUSE 7.39 (Linux 6.6).
 TEST(MountOptions, DirectWritesNeedFuse739) {
   EXPECT_FALSE(direct_writes_supported(31));
@@ -61,7 +70,7 @@ TEST(MountOptions, ReadOnlyAndRwLastWins) {
 
 TEST(MountOptions, RejectsUnknownAndBadValues) {
   for (const char* bad : {"bogus", "threads=0", "threads=x", "threads=2000", "threads=", "meta", "meta=",
-                          "clone_fd=1", "direct_io=yes", "direct_writes=yes", "log_level=loud", "ro=yes", "rw,colour=blue", "cache_size=",
+                          "clone_fd=1", "direct_io=yes", "direct_writes=yes", "create_behind=1", "no_create_behind=0", "log_level=loud", "ro=yes", "rw,colour=blue", "cache_size=",
                           "cache_size=lots", "dirty_limit=5X", "readahead_max=99999999999999999999G"}) {
     MountSettings s;
     Status st = apply_mount_options(bad, &s);

@@ -276,20 +276,20 @@ TEST(CodecTest, HugeElementCountsAreRejectedWithoutAllocating) {
 }
 
 TEST(CodecTest, BoolMustBeZeroOrOne) {
-  meta::ReadDirReq req{InodeId{1}, "", 10, true};
+  meta::ScrubReq req{true};  // a message whose last byte is a bool
   std::string wire = encode(req);
   ASSERT_EQ(static_cast<uint8_t>(wire.back()), 1);
   for (uint8_t v : {uint8_t{2}, uint8_t{0x80}, uint8_t{0xff}}) {
     wire.back() = static_cast<char>(v);
-    auto r = decode<meta::ReadDirReq>(bytes_of(wire));
+    auto r = decode<meta::ScrubReq>(bytes_of(wire));
     ASSERT_FALSE(r.has_value());
     EXPECT_EQ(r.error().code(), Code::kProtocol);
     EXPECT_NE(r.error().message().find("bool"), std::string::npos);
   }
   wire.back() = 0;
-  auto ok = decode<meta::ReadDirReq>(bytes_of(wire));
+  auto ok = decode<meta::ScrubReq>(bytes_of(wire));
   ASSERT_TRUE(ok.has_value());
-  EXPECT_FALSE(ok->plus);
+  EXPECT_FALSE(ok->dry_run);
 }
 
 TEST(CodecTest, OptionalFlagMustBeZeroOrOne) {

@@ -1,0 +1,328 @@
+// CreateBehind against a fake meta server: when it asks for a directory's lease, what it answers
+// itself (absent names, creates) and what it leaves to the server, the batches it sends (order,
+// numbers, barrier), and what a refused renewal, a refused create or a failed batch do.
+#include "client/lib/create_behind.h"
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace penstock::client {
+namespace {
+
+namespace pm = proto::meta;
+using namespace std::chrono_literals;
+
+const InodeId kDir{10};
+const proto::Caller kCaller{1000, 100};
+
+// A meta server in memory: grants every lease (names `listed`), hands out numbers from 1000 up,
+// answers batches with `batch_code` per entry and renews with `renew_ns`.
+class FakeMeta {
+ public:
+  CreateBehind::Rpc rpc() {
+    CreateBehind::Rpc r;
+    r.session = [] { return SessionId{3}; };
+    r.lease = [this](const pm::DirLeaseReq& req) -> Result<pm::DirLeaseResp> {
+      std::lock_guard lock(mu);
+      leases.push_back(req);
+      pm::DirLeaseResp resp;
+      resp.lease_ns = lease_ns;
+      resp.fresh = !req.have_names;
+      resp.names = listed;
+      resp.dir_attr.ino = req.dir;
+      resp.dir_attr.mode = S_IFDIR | dir_mode;
+      resp.dir_attr.gid = 77;
+      for (uint32_t i = 0; i < req.want_inodes; ++i) resp.inos.push_back(InodeId{next_ino++});
+      return resp;
+    };
+    r.batch = [this](const pm::CreateBatchReq& req) -> Result<pm::CreateBatchResp> {
+      std::lock_guard lock(mu);
+      batches.push_back(req);
+      if (fail_batches) return Status(Code::kUnavailable, "meta is down");
+      pm::CreateBatchResp resp;
+      for (const pm::CreateBehind& e : req.entries) {
+        pm::CreateResult res;
+        res.code = static_cast<uint32_t>(batch_code);
+        if (batch_code != Code::kOk) {
+          res.message = "refused";
+        } else {
+          res.attr.emplace();
+          res.attr->ino = e.ino;
+          res.attr->layout.chains = {ChainId{e.ino.value}};
+        }
+        resp.results.push_back(res);
+        created.push_back(e.name);
+      }
+      resp.lease_ns = renew_ns;
+      for (uint32_t i = 0; i < req.want_inodes; ++i) resp.inos.push_back(InodeId{next_ino++});
+      return resp;
+    };
+    return r;
+  }
+  std::mutex mu;
+  std::vector<pm::DirLeaseReq> leases;
+  std::vector<pm::CreateBatchReq> batches;
+  std::vector<std::string> created;
+  std::vector<std::string> listed{"existing"};
+  int64_t lease_ns = 10'000'000'000;  // long: the tests do not race the clock
+  int64_t renew_ns = 10'000'000'000;
+  uint32_t dir_mode = 0755;
+  Code batch_code = Code::kOk;
+  bool fail_batches = false;
+  uint64_t next_ino = 1000;
+};
+
+CreateBehindOptions options() {
+  CreateBehindOptions o;
+  o.creates_before_lease = 3;
+  o.flush_interval = 200ms;  // long: batch contents are predictable
+  o.inode_refill = 8;
+  return o;
+}
+
+// Three files created synchronously in kDir and closed unwritten: the third close asks for the lease.
+void burst(CreateBehind& cb) {
+  for (int i = 0; i < 3; ++i) {
+    cb.created_sync(kDir, "sync" + std::to_string(i), InodeId{static_cast<uint64_t>(500 + i)});
+    cb.closed(InodeId{static_cast<uint64_t>(500 + i)}, false);
+  }
+}
+
+TEST(CreateBehindTest, AfterABurstOfCreatesTheLeaseIsAskedForAndAbsentNamesAreAnsweredHere) {
+  FakeMeta meta;
+  CreateBehind cb(options(), meta.rpc());
+  cb.created_sync(kDir, "sync0", InodeId{500});
+  cb.created_sync(kDir, "sync1", InodeId{501});
+  cb.created_sync(kDir, "sync2", InodeId{502});
+  cb.created_sync(kDir, "sync3", InodeId{503});
+  cb.closed(InodeId{500}, false);
+  cb.closed(InodeId{501}, true);  // written: the count starts again
+  cb.closed(InodeId{502}, false);
+  cb.closed(InodeId{503}, false);
+  EXPECT_TRUE(meta.leases.empty()) << "no lease before the burst of unwritten files";
+  EXPECT_FALSE(cb.known_absent(kDir, "nope"));
+  EXPECT_FALSE(cb.create(kDir, "nope", 0644, kCaller).has_value());
+  cb.closed(InodeId{777}, false);  // not created here: not counted
+  EXPECT_TRUE(meta.leases.empty());
+  cb.created_sync(kDir, "sync4", InodeId{504});
+  cb.closed(InodeId{504}, false);
+  ASSERT_EQ(meta.leases.size(), 1u);
+  EXPECT_EQ(meta.leases[0].dir, kDir);
+  EXPECT_FALSE(meta.leases[0].have_names);
+  EXPECT_EQ(meta.leases[0].want_inodes, 8u);
+  EXPECT_TRUE(cb.known_absent(kDir, "nope"));
+  EXPECT_FALSE(cb.known_absent(kDir, "existing")) << "listed by the grant";
+  EXPECT_FALSE(cb.known_absent(kDir, "sync1")) << "created by this client";
+  EXPECT_FALSE(cb.known_absent(InodeId{11}, "nope")) << "another directory";
+  EXPECT_EQ(cb.stats().leases, 1u);
+}
+
+TEST(CreateBehindTest, CreatesAreAnsweredHereAndSentInOrderBeforeTheBarrierReturns) {
+  FakeMeta meta;
+  meta.dir_mode = 02775;  // setgid: new files take the directory's group
+  CreateBehind cb(options(), meta.rpc());
+  burst(cb);
+  std::vector<proto::InodeAttr> made;
+  for (const char* name : {"a", "b", "c"}) {
+    auto a = cb.create(kDir, name, 0640, kCaller);
+    ASSERT_TRUE(a.has_value()) << name;
+    made.push_back(*a);
+  }
+  EXPECT_EQ(made[0].mode, S_IFREG | 0640u);
+  EXPECT_EQ(made[0].uid, 1000u);
+  EXPECT_EQ(made[0].gid, 77u) << "the setgid directory's group";
+  EXPECT_TRUE(made[0].layout.chains.empty()) << "chains come with the server's answer";
+  EXPECT_NE(made[0].ino, made[1].ino);
+  EXPECT_FALSE(cb.create(kDir, "a", 0640, kCaller).has_value()) << "a name now known: the server decides";
+  EXPECT_FALSE(cb.known_absent(kDir, "b"));
+  cb.barrier();
+  std::lock_guard lock(meta.mu);
+  ASSERT_EQ(meta.batches.size(), 1u) << "one batch for the three";
+  const pm::CreateBatchReq& sent = meta.batches[0];
+  EXPECT_EQ(sent.session, SessionId{3});
+  EXPECT_EQ(sent.dir, kDir);
+  ASSERT_EQ(sent.entries.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(sent.entries[i].ino, made[i].ino);
+    EXPECT_EQ(sent.entries[i].mode, 0640u);
+    EXPECT_EQ(sent.entries[i].caller.uid, 1000u);
+  }
+  EXPECT_EQ(sent.entries[0].name, "a");
+  EXPECT_EQ(sent.entries[2].name, "c");
+  EXPECT_EQ(cb.stats().created, 3u);
+  // The server's answer carried each file's chains: kept for the file's first write, once.
+  std::optional<proto::Layout> l = cb.take_layout(made[1].ino);
+  ASSERT_TRUE(l.has_value());
+  ASSERT_EQ(l->chains.size(), 1u);
+  EXPECT_EQ(l->chains[0].value, made[1].ino.value);
+  EXPECT_FALSE(cb.take_layout(made[1].ino).has_value()) << "taken";
+  EXPECT_FALSE(cb.take_layout(InodeId{5}).has_value()) << "not created behind";
+}
+
+TEST(CreateBehindTest, AFileClosedBeforeItsCreateWasSentIsSentClosed) {
+  FakeMeta meta;
+  CreateBehind cb(options(), meta.rpc());
+  burst(cb);
+  auto a = cb.create(kDir, "a", 0644, kCaller);
+  auto b = cb.create(kDir, "b", 0644, kCaller);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_TRUE(cb.closed_before_sent(a->ino));
+  EXPECT_FALSE(cb.closed_before_sent(a->ino)) << "once";
+  EXPECT_FALSE(cb.closed_before_sent(InodeId{5})) << "not created behind";
+  cb.barrier();
+  EXPECT_FALSE(cb.closed_before_sent(b->ino)) << "sent already: its Release follows as usual";
+  std::lock_guard lock(meta.mu);
+  ASSERT_EQ(meta.batches.size(), 1u);
+  EXPECT_FALSE(meta.batches[0].entries[0].open);
+  EXPECT_TRUE(meta.batches[0].entries[1].open);
+}
+
+TEST(CreateBehindTest, ADirectoryWhoseFilesAreWrittenAtOnceIsGivenUp) {
+  FakeMeta meta;
+  CreateBehindOptions o = options();
+  o.inode_refill = 256;
+  CreateBehind cb(o, meta.rpc());
+  burst(cb);
+  for (int i = 0; i < CreateBehind::kJudgeAfter; ++i) {
+    auto a = cb.create(kDir, "w" + std::to_string(i), 0644, kCaller);
+    ASSERT_TRUE(a.has_value()) << i;
+    if (i % 2 == 0) {
+      ASSERT_TRUE(cb.take_layout(a->ino).has_value()) << "written before its create was sent";
+    }
+  }
+  EXPECT_FALSE(cb.create(kDir, "next", 0644, kCaller).has_value()) << "half were written at once";
+  EXPECT_FALSE(cb.known_absent(kDir, "next"));
+}
+
+TEST(CreateBehindTest, NumbersRunningOutMakeCreatesSynchronousUntilABatchRefills) {
+  FakeMeta meta;
+  CreateBehindOptions o = options();
+  o.inode_refill = 2;
+  CreateBehind cb(o, meta.rpc());
+  burst(cb);
+  ASSERT_TRUE(cb.create(kDir, "a", 0644, kCaller).has_value());
+  ASSERT_TRUE(cb.create(kDir, "b", 0644, kCaller).has_value());
+  EXPECT_FALSE(cb.create(kDir, "c", 0644, kCaller).has_value()) << "no number left";
+  cb.barrier();
+  EXPECT_EQ(meta.batches.back().want_inodes, 2u) << "the batch asked for more";
+  EXPECT_TRUE(cb.create(kDir, "c", 0644, kCaller).has_value());
+}
+
+TEST(CreateBehindTest, ARefusedRenewalStopsAnsweringHere) {
+  FakeMeta meta;
+  meta.renew_ns = 0;  // another mount is waiting for the directory
+  CreateBehind cb(options(), meta.rpc());
+  burst(cb);
+  ASSERT_TRUE(cb.create(kDir, "a", 0644, kCaller).has_value());
+  cb.barrier();
+  EXPECT_FALSE(cb.known_absent(kDir, "nope"));
+  EXPECT_FALSE(cb.create(kDir, "b", 0644, kCaller).has_value());
+  for (uint64_t i = 0; i < 3; ++i) {
+    cb.created_sync(kDir, "s" + std::to_string(i), InodeId{600 + i});
+    cb.closed(InodeId{600 + i}, false);
+  }
+  EXPECT_EQ(meta.leases.size(), 1u) << "not asked again during the back-off";
+}
+
+TEST(CreateBehindTest, AGrantOfZeroIsARefusal) {
+  FakeMeta meta;
+  meta.lease_ns = 0;
+  CreateBehind cb(options(), meta.rpc());
+  burst(cb);
+  EXPECT_FALSE(cb.known_absent(kDir, "nope"));
+  EXPECT_FALSE(cb.create(kDir, "nope", 0644, kCaller).has_value());
+}
+
+TEST(CreateBehindTest, RefusedCreatesAndFailedBatchesAreCountedAndTheirNamesForgotten) {
+  FakeMeta meta;
+  meta.batch_code = Code::kNoSpace;
+  CreateBehind cb(options(), meta.rpc());
+  burst(cb);
+  ASSERT_TRUE(cb.create(kDir, "a", 0644, kCaller).has_value());
+  cb.barrier();
+  EXPECT_EQ(cb.stats().failed, 1u);
+  EXPECT_FALSE(cb.known_absent(kDir, "a")) << "a refused name stays listed (kExists means it is there)";
+  EXPECT_TRUE(cb.known_absent(kDir, "zzz")) << "the lease goes on";
+  meta.batch_code = Code::kOk;
+  meta.fail_batches = true;
+  ASSERT_TRUE(cb.create(kDir, "b", 0644, kCaller).has_value());
+  cb.barrier();
+  EXPECT_EQ(cb.stats().failed, 2u);
+  EXPECT_FALSE(cb.known_absent(kDir, "zzz")) << "after a failed batch nothing is answered here";
+}
+
+TEST(CreateBehindTest, OwnChangesKeepTheNamesRight) {
+  FakeMeta meta;
+  CreateBehind cb(options(), meta.rpc());
+  burst(cb);
+  cb.added(kDir, "made-by-mkdir");
+  EXPECT_FALSE(cb.known_absent(kDir, "made-by-mkdir"));
+  cb.removed(kDir, "existing");
+  EXPECT_TRUE(cb.known_absent(kDir, "existing"));
+  EXPECT_TRUE(cb.create(kDir, "existing", 0644, kCaller).has_value()) << "removed by us: free again";
+}
+
+TEST(CreateBehindTest, ANewSessionDropsTheHoldsAndNumbersOfTheOldOne) {
+  FakeMeta meta;
+  std::atomic<uint64_t> session{3};
+  CreateBehind::Rpc rpc = meta.rpc();
+  rpc.session = [&] { return SessionId{session.load()}; };
+  CreateBehind cb(options(), rpc);
+  burst(cb);
+  ASSERT_TRUE(cb.create(kDir, "a", 0644, kCaller).has_value());
+  session = 4;  // the server lost session 3: its holds and numbers are gone there
+  EXPECT_FALSE(cb.create(kDir, "b", 0644, kCaller).has_value());
+  EXPECT_FALSE(cb.known_absent(kDir, "b"));
+  cb.barrier();
+  std::lock_guard lock(meta.mu);
+  ASSERT_EQ(meta.batches.size(), 1u);
+  EXPECT_EQ(meta.batches[0].session, SessionId{3}) << "sent with the session its number belongs to";
+}
+
+TEST(CreateBehindTest, ADirectoryGrownPastMaxNamesIsGivenUp) {
+  FakeMeta meta;
+  CreateBehindOptions o = options();
+  o.max_names = 6;  // "existing", three sync creates, two behind
+  CreateBehind cb(o, meta.rpc());
+  burst(cb);
+  ASSERT_TRUE(cb.create(kDir, "a", 0644, kCaller).has_value());
+  ASSERT_TRUE(cb.create(kDir, "b", 0644, kCaller).has_value());
+  EXPECT_FALSE(cb.create(kDir, "c", 0644, kCaller).has_value());
+  EXPECT_FALSE(cb.known_absent(kDir, "c"));
+}
+
+TEST(CreateBehindTest, BarriersFromManyThreadsAndStopSendEverything) {
+  FakeMeta meta;
+  CreateBehindOptions o = options();
+  o.flush_interval = 1ms;
+  o.inode_refill = 256;
+  CreateBehind cb(o, meta.rpc());
+  burst(cb);
+  std::atomic<int> made{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) {
+        const std::string name = "t" + std::to_string(t) + "-" + std::to_string(i);
+        if (cb.create(kDir, name, 0644, kCaller).has_value()) made.fetch_add(1);
+        if (i % 10 == 0) cb.barrier();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_GT(made.load(), 0);
+  cb.stop();
+  EXPECT_FALSE(cb.create(kDir, "after-stop", 0644, kCaller).has_value());
+  std::lock_guard lock(meta.mu);
+  EXPECT_EQ(meta.created.size(), static_cast<size_t>(made.load())) << "every create reached the server once";
+}
+
+}  // namespace
+}  // namespace penstock::client

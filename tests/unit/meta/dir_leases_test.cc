@@ -1,0 +1,375 @@
+// Directory leases for creates behind: the table (one holder, others wait the term plus grace out
+// and then take over, contention, changes in progress, the restart guard, inode numbers), and the
+// same through MetaService (DirLease, CreateBatch, and every other operation on the leased
+// directory's names) with a fake clock.
+#include "server/meta/dir_leases.h"
+
+#include <sys/stat.h>
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "server/meta/namespace.h"
+#include "server/meta/store.h"
+
+namespace penstock::meta {
+namespace {
+
+constexpr int64_t kTerm = 250'000'000;
+constexpr int64_t kGrace = 100'000'000;
+constexpr int64_t kContended = 10'000'000'000;
+constexpr int64_t kT0 = 5'000'000'000'000;
+
+const InodeId kDir{7};
+const SessionId kA{1}, kB{2};
+
+class DirLeasesTest : public ::testing::Test {
+ protected:
+  DirLeaseOptions options(int64_t term = kTerm) {
+    DirLeaseOptions o;
+    o.term_ns = term;
+    o.grace_ns = kGrace;
+    o.contended_ns = kContended;
+    o.max_inodes_per_session = 8;
+    o.clock = [this] { return now_; };
+    return o;
+  }
+  // A table past its restart guard.
+  DirLeases& fresh(int64_t term = kTerm) {
+    leases_ = std::make_unique<DirLeases>(options(term));
+    now_ += term + kGrace + 1;
+    return *leases_;
+  }
+  int64_t now_ = kT0;
+  std::unique_ptr<DirLeases> leases_;
+};
+
+TEST_F(DirLeasesTest, OneHolderOthersWaitItsTermAndGraceOutThenItIsGone) {
+  DirLeases& l = fresh();
+  DirLeases::Grant g = l.grant(kDir, kA, false);
+  ASSERT_EQ(g.lease_ns, kTerm);
+  EXPECT_TRUE(g.fresh);
+  ASSERT_TRUE(l.confirm(kDir, kA, g.epoch));
+  EXPECT_EQ(l.check(kDir, kA), 0) << "the holder's own operations never wait";
+  EXPECT_EQ(l.check(kDir, kB), kTerm + kGrace);
+  EXPECT_EQ(l.check(kDir, SessionId()), kTerm + kGrace) << "no session counts as another session";
+  EXPECT_EQ(l.grant(kDir, kB, false).lease_ns, 0) << "held by A";
+  EXPECT_EQ(l.check(InodeId{8}, kB), 0) << "other directories are not affected";
+  now_ += kTerm;
+  EXPECT_EQ(l.check(kDir, kB), kGrace);
+  EXPECT_TRUE(l.holds(kDir, kA)) << "past its term, nobody took it yet";
+  now_ += kGrace;
+  EXPECT_EQ(l.check(kDir, kB), 0);
+  EXPECT_FALSE(l.holds(kDir, kA)) << "B's operation ended A's hold";
+  EXPECT_EQ(l.renew(kDir, kA), 0);
+  EXPECT_EQ(l.grant(kDir, kA, true).lease_ns, 0) << "contended: no new grant";
+  now_ += kContended;
+  EXPECT_EQ(l.grant(kDir, kA, true).lease_ns, kTerm) << "the contention is over";
+}
+
+TEST_F(DirLeasesTest, RenewalsKeepTheNamesUntilAnotherSessionWaits) {
+  DirLeases& l = fresh();
+  ASSERT_TRUE(l.grant(kDir, kA, false).fresh);
+  DirLeases::Grant again = l.grant(kDir, kA, true);
+  EXPECT_EQ(again.lease_ns, kTerm);
+  EXPECT_FALSE(again.fresh) << "the holder keeps its names";
+  EXPECT_TRUE(l.grant(kDir, kA, false).fresh) << "a holder that lost its names gets them listed";
+  now_ += kTerm / 2;
+  EXPECT_EQ(l.renew(kDir, kA), kTerm);
+  EXPECT_GT(l.check(kDir, kB), kTerm) << "the renewal moved the expiry";
+  EXPECT_EQ(l.renew(kDir, kA), 0) << "B waits: no more renewals";
+  EXPECT_EQ(l.grant(kDir, kA, true).lease_ns, 0);
+  EXPECT_TRUE(l.holds(kDir, kA)) << "what A answered meanwhile may still be sent";
+}
+
+TEST_F(DirLeasesTest, NoGrantDuringAChangeAndNoConfirmAfterOneRaced) {
+  DirLeases& l = fresh();
+  {
+    DirLeases::Change c(l, kDir, kB);
+    ASSERT_EQ(c.wait_ns(), 0);
+    EXPECT_EQ(l.grant(kDir, kA, false).lease_ns, 0) << "a change of the names is in progress";
+  }
+  DirLeases::Grant g = l.grant(kDir, kA, false);
+  ASSERT_EQ(g.lease_ns, kTerm);
+  {
+    DirLeases::Change own(l, kDir, kA);  // the holder's own change between grant and confirm
+    EXPECT_EQ(own.wait_ns(), 0);
+  }
+  EXPECT_FALSE(l.confirm(kDir, kA, g.epoch)) << "the listing may miss that change";
+  EXPECT_FALSE(l.holds(kDir, kA));
+  DirLeases::Grant g2 = l.grant(kDir, kA, false);
+  ASSERT_EQ(g2.lease_ns, kTerm);
+  EXPECT_TRUE(l.confirm(kDir, kA, g2.epoch));
+  DirLeases::Change other(l, kDir, kB);
+  EXPECT_EQ(other.wait_ns(), kTerm + kGrace) << "another session's change waits and is not counted";
+}
+
+TEST_F(DirLeasesTest, ABatchBeingAppliedKeepsTheHoldPastItsTerm) {
+  DirLeases& l = fresh();
+  ASSERT_EQ(l.grant(kDir, kA, false).lease_ns, kTerm);
+  DirLeases::Change batch(l, kDir, kA);
+  ASSERT_EQ(batch.wait_ns(), 0);
+  now_ += kTerm + kGrace + 1;
+  EXPECT_GT(l.check(kDir, kB), 0) << "B waits for the batch to finish";
+  EXPECT_TRUE(l.holds(kDir, kA));
+}
+
+TEST_F(DirLeasesTest, TheHoldersOwnChangesDoNotKeepOthersWaitingOnceItsTermIsOver) {
+  DirLeases& l = fresh();
+  ASSERT_EQ(l.grant(kDir, kA, false).lease_ns, kTerm);
+  EXPECT_GT(l.check(kDir, kB), 0);  // B waits: contended
+  now_ += kTerm + kGrace;
+  {
+    DirLeases::Change own(l, kDir, kA);
+    EXPECT_EQ(own.wait_ns(), 0);
+    EXPECT_FALSE(l.holds(kDir, kA)) << "A goes on without the hold";
+    EXPECT_EQ(l.check(kDir, kB), 0) << "B is not kept waiting by A's change in progress";
+  }
+}
+
+TEST_F(DirLeasesTest, ANewTableWaitsForNothing) {
+  DirLeases l(options(kTerm));  // no earlier run: restart_guard_ns 0
+  EXPECT_EQ(l.check(kDir, kA), 0);
+  EXPECT_EQ(l.grant(kDir, kA, false).lease_ns, kTerm);
+}
+
+TEST_F(DirLeasesTest, ARestartedTableMakesEveryOperationWaitAndGrantsNothing) {
+  DirLeaseOptions o = options(kTerm);
+  o.restart_guard_ns = 4 * kTerm;
+  DirLeases l(o);
+  EXPECT_EQ(l.check(kDir, kA), 4 * kTerm + kGrace);
+  EXPECT_EQ(DirLeases::Change(l, kDir, kA).wait_ns(), 4 * kTerm + kGrace);
+  EXPECT_EQ(l.grant(kDir, kA, false).lease_ns, 0);
+  now_ += 4 * kTerm + kGrace;
+  EXPECT_EQ(l.check(kDir, kA), 0);
+  EXPECT_EQ(l.grant(kDir, kA, false).lease_ns, kTerm);
+}
+
+TEST_F(DirLeasesTest, OffGrantsNothingAndNeverWaits) {
+  DirLeases& l = fresh(0);
+  EXPECT_EQ(l.grant(kDir, kA, false).lease_ns, 0);
+  EXPECT_EQ(l.check(kDir, kB), 0);
+}
+
+TEST_F(DirLeasesTest, InodeNumbersAreUsedOnceAndOnlyByTheirSession) {
+  DirLeases& l = fresh();
+  l.give_inodes(kA, {InodeId{100}, InodeId{101}});
+  EXPECT_EQ(l.inodes_held(kA), 2u);
+  EXPECT_FALSE(l.take_inode(kB, InodeId{100}));
+  EXPECT_TRUE(l.take_inode(kA, InodeId{100}));
+  EXPECT_FALSE(l.take_inode(kA, InodeId{100})) << "used already";
+  EXPECT_FALSE(l.take_inode(kA, InodeId{102})) << "never given";
+  ASSERT_EQ(l.grant(kDir, kA, false).lease_ns, kTerm);
+  l.drop_session(kA);
+  EXPECT_FALSE(l.take_inode(kA, InodeId{101}));
+  EXPECT_FALSE(l.holds(kDir, kA));
+  EXPECT_EQ(l.check(kDir, kB), 0) << "a session that ended holds nothing";
+}
+
+TEST_F(DirLeasesTest, SweepForgetsWhatNobodyNeeds) {
+  DirLeases& l = fresh();
+  ASSERT_EQ(l.grant(kDir, kA, false).lease_ns, kTerm);
+  { DirLeases::Change c(l, InodeId{8}, kB); }
+  EXPECT_EQ(l.size(), 2u);
+  l.sweep();
+  EXPECT_EQ(l.size(), 1u) << "the finished change's record goes, the hold stays";
+  now_ += kTerm + kGrace + kContended;
+  l.sweep();
+  EXPECT_EQ(l.size(), 0u);
+}
+
+// ---- through MetaService ----
+
+class MetaDirLeaseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    open_service();
+    a_ = svc_->register_session(pm::RegisterSessionReq{"a", "host-a"})->session;
+    b_ = svc_->register_session(pm::RegisterSessionReq{"b", "host-b"})->session;
+    ASSERT_TRUE(svc_->register_node(pm::RegisterNodeReq{"node-a", "127.0.0.1:7700", {{"t1", "/a", 10, 5}}}).has_value());
+    auto d = svc_->mkdir(pm::MkdirReq{kRootInode, "d", 0755, proto::Caller{0, 0}});
+    ASSERT_TRUE(d.has_value()) << d.error().to_string();
+    dir_ = d->attr.ino;
+    ASSERT_TRUE(svc_->create(pm::CreateReq{dir_, "old", 0644, proto::Caller{0, 0}}).has_value());
+  }
+  void open_service() {
+    MetaOptions o;
+    o.seed = 1;
+    o.dir_leases.term_ns = kTerm;
+    o.dir_leases.grace_ns = kGrace;
+    o.dir_leases.contended_ns = kContended;
+    o.dir_leases.clock = [this] { return now_; };
+    svc_.reset();
+    auto s = MetaService::open(&store_, o);
+    ASSERT_TRUE(s.has_value()) << s.error().to_string();
+    svc_ = std::move(s).value();
+    now_ += kTerm + kGrace + 1;  // past any restart guard
+  }
+  pm::DirLeaseResp lease(SessionId s, uint32_t want = 4) {
+    auto r = svc_->dir_lease(pm::DirLeaseReq{s, dir_, false, want});
+    EXPECT_TRUE(r.has_value()) << r.error().to_string();
+    return r.has_value() ? *r : pm::DirLeaseResp{};
+  }
+  pm::CreateBatchReq batch(SessionId s, const std::vector<std::pair<std::string, InodeId>>& files) {
+    pm::CreateBatchReq req{s, dir_, {}, 0};
+    for (const auto& [name, ino] : files) req.entries.push_back(pm::CreateBehind{name, ino, 0640, proto::Caller{5, 6}});
+    return req;
+  }
+  int64_t now_ = kT0;
+  MemoryStore store_;
+  std::unique_ptr<MetaService> svc_;
+  SessionId a_, b_;
+  InodeId dir_;
+};
+
+TEST_F(MetaDirLeaseTest, TheGrantListsTheNamesAndGivesFreshNumbers) {
+  pm::DirLeaseResp r = lease(a_, 3);
+  ASSERT_EQ(r.lease_ns, kTerm);
+  EXPECT_TRUE(r.fresh);
+  EXPECT_EQ(r.names, std::vector<std::string>{"old"});
+  EXPECT_EQ(r.dir_attr.ino, dir_);
+  ASSERT_EQ(r.inos.size(), 3u);
+  std::set<uint64_t> seen;
+  for (InodeId i : r.inos) {
+    EXPECT_TRUE(seen.insert(i.value).second);
+    EXPECT_EQ(svc_->get_attr(pm::InodeReq{i}).status().code(), Code::kNotFound) << "not in use";
+  }
+  EXPECT_EQ(svc_->dir_lease(pm::DirLeaseReq{a_, InodeId{9999}, false, 0}).status().code(), Code::kNotFound);
+  EXPECT_EQ(svc_->dir_lease(pm::DirLeaseReq{SessionId{77}, dir_, false, 0}).status().code(), Code::kBadHandle);
+  EXPECT_EQ(lease(b_).lease_ns, 0) << "held by A";
+}
+
+TEST_F(MetaDirLeaseTest, CreatesBehindAreAppliedAndOtherSessionsWaitUntilTheLeaseIsOver) {
+  pm::DirLeaseResp r = lease(a_, 4);
+  ASSERT_EQ(r.inos.size(), 4u);
+  auto done = svc_->create_batch(batch(a_, {{"f1", r.inos[0]}, {"f2", r.inos[1]}}));
+  ASSERT_TRUE(done.has_value()) << done.error().to_string();
+  ASSERT_EQ(done->results.size(), 2u);
+  for (const pm::CreateResult& res : done->results) {
+    EXPECT_EQ(res.code, 0u) << res.message;
+    ASSERT_TRUE(res.attr.has_value());
+    EXPECT_EQ(res.attr->uid, 5u);
+    EXPECT_EQ(res.attr->mode, S_IFREG | 0640u);
+    EXPECT_FALSE(res.attr->layout.chains.empty()) << "the server picks the chains";
+  }
+  EXPECT_EQ(done->results[0].attr->ino, r.inos[0]);
+  EXPECT_EQ(done->lease_ns, kTerm) << "renewed";
+  // The holder sees its files at once; every other session's operation on the names waits.
+  EXPECT_EQ(svc_->lookup(pm::LookupReq{dir_, "f1", a_})->attr.ino, r.inos[0]);
+  EXPECT_EQ(svc_->lookup(pm::LookupReq{dir_, "f1", b_}).status().code(), Code::kBusy);
+  EXPECT_EQ(svc_->read_dir(pm::ReadDirReq{dir_, "", 0, false, b_}).status().code(), Code::kBusy);
+  EXPECT_EQ(svc_->create(pm::CreateReq{dir_, "x", 0644, proto::Caller{0, 0}, b_}).status().code(), Code::kBusy);
+  EXPECT_EQ(svc_->mkdir(pm::MkdirReq{dir_, "x", 0755, proto::Caller{0, 0}, b_}).status().code(), Code::kBusy);
+  EXPECT_EQ(svc_->mknod(pm::MknodReq{dir_, "x", S_IFIFO | 0644, 0, proto::Caller{0, 0}, b_}).status().code(), Code::kBusy);
+  EXPECT_EQ(svc_->symlink(pm::SymlinkReq{dir_, "x", "t", proto::Caller{0, 0}, b_}).status().code(), Code::kBusy);
+  EXPECT_EQ(svc_->link(pm::LinkReq{r.inos[0], dir_, "x", b_}).status().code(), Code::kBusy);
+  EXPECT_EQ(svc_->unlink(pm::NameReq{dir_, "f1", b_}).code(), Code::kBusy);
+  EXPECT_EQ(svc_->rename(pm::RenameReq{dir_, "f1", kRootInode, "x", 0, b_}).code(), Code::kBusy);
+  EXPECT_EQ(svc_->rename(pm::RenameReq{kRootInode, "d", dir_, "x", 0, b_}).code(), Code::kBusy)
+      << "into the leased directory";
+  EXPECT_TRUE(svc_->get_attr(pm::InodeReq{r.inos[1]}).has_value()) << "inodes are not leased";
+  // After the term and grace, B goes on and sees both files; A's next batch comes too late.
+  now_ += kTerm + kGrace;
+  auto seen = svc_->read_dir(pm::ReadDirReq{dir_, "", 0, false, b_});
+  ASSERT_TRUE(seen.has_value()) << seen.error().to_string();
+  EXPECT_EQ(seen->entries.size(), 3u);
+  auto late = svc_->create_batch(batch(a_, {{"f3", r.inos[2]}}));
+  ASSERT_TRUE(late.has_value());
+  ASSERT_EQ(late->results.size(), 1u);
+  EXPECT_EQ(late->results[0].code, static_cast<uint32_t>(Code::kStale)) << late->results[0].message;
+  EXPECT_EQ(late->lease_ns, 0);
+  EXPECT_EQ(svc_->lookup(pm::LookupReq{dir_, "f3", b_}).status().code(), Code::kNotFound);
+  EXPECT_EQ(lease(a_).lease_ns, 0) << "contended";
+}
+
+TEST_F(MetaDirLeaseTest, AFileSentClosedHasNoOpenToOutliveItsUnlink) {
+  pm::DirLeaseResp r = lease(a_, 2);
+  pm::CreateBatchReq req = batch(a_, {{"open", r.inos[0]}, {"closed", r.inos[1]}});
+  req.entries[1].open = false;
+  auto done = svc_->create_batch(req);
+  ASSERT_TRUE(done.has_value()) << done.error().to_string();
+  ASSERT_TRUE(svc_->unlink(pm::NameReq{dir_, "open", a_}).is_ok());
+  ASSERT_TRUE(svc_->unlink(pm::NameReq{dir_, "closed", a_}).is_ok());
+  auto gc = svc_->gc_pending(InodeId{0}, 10);
+  ASSERT_TRUE(gc.has_value()) << gc.error().to_string();
+  ASSERT_EQ(gc->size(), 1u) << "only the closed file is collected at once";
+  EXPECT_EQ((*gc)[0].ino, r.inos[1]);
+  EXPECT_TRUE(svc_->get_attr(pm::InodeReq{r.inos[0]}).has_value()) << "still open for A";
+}
+
+TEST_F(MetaDirLeaseTest, ABatchUsesOnlyItsOwnNumbersOnceAndNamesOnce) {
+  pm::DirLeaseResp ra = lease(a_, 4);
+  ASSERT_EQ(ra.inos.size(), 4u);
+  auto done = svc_->create_batch(batch(a_, {{"f1", ra.inos[0]},
+                                           {"f2", ra.inos[0]},         // used by f1
+                                           {"f3", InodeId{424242}},    // never given
+                                           {"f1", ra.inos[1]},         // twice in the batch
+                                           {"old", ra.inos[2]},        // exists
+                                           {"a/b", ra.inos[3]}}));     // bad name
+  ASSERT_TRUE(done.has_value()) << done.error().to_string();
+  ASSERT_EQ(done->results.size(), 6u);
+  EXPECT_EQ(done->results[0].code, 0u);
+  EXPECT_EQ(done->results[1].code, static_cast<uint32_t>(Code::kInvalid));
+  EXPECT_EQ(done->results[2].code, static_cast<uint32_t>(Code::kInvalid));
+  EXPECT_EQ(done->results[3].code, static_cast<uint32_t>(Code::kExists));
+  EXPECT_EQ(done->results[4].code, static_cast<uint32_t>(Code::kExists));
+  EXPECT_EQ(done->results[5].code, static_cast<uint32_t>(Code::kInvalid));
+  EXPECT_EQ(svc_->lookup(pm::LookupReq{dir_, "f1", a_})->attr.ino, ra.inos[0]);
+  // Another session's numbers, and a batch for a directory the session does not hold.
+  pm::DirLeaseResp rb = svc_->dir_lease(pm::DirLeaseReq{b_, kRootInode, false, 2}).value();
+  auto other = svc_->create_batch(batch(a_, {{"g", rb.inos[0]}}));
+  ASSERT_TRUE(other.has_value());
+  EXPECT_EQ(other->results[0].code, static_cast<uint32_t>(Code::kInvalid));
+  pm::CreateBatchReq wrong_dir = batch(b_, {{"g", rb.inos[0]}});
+  auto not_held = svc_->create_batch(wrong_dir);
+  ASSERT_TRUE(not_held.has_value());
+  EXPECT_EQ(not_held->results[0].code, static_cast<uint32_t>(Code::kStale));
+  pm::CreateBatchReq huge{a_, dir_, std::vector<pm::CreateBehind>(pm::kMaxCreateBatch + 1), 0};
+  EXPECT_EQ(svc_->create_batch(huge).status().code(), Code::kInvalid);
+}
+
+TEST_F(MetaDirLeaseTest, ALargeDirectoryIsNotLeasedAndAClosedSessionHoldsNothing) {
+  for (size_t i = 0; i < pm::kMaxLeasedNames; ++i) {
+    ASSERT_TRUE(svc_->create(pm::CreateReq{dir_, "n" + std::to_string(i), 0644, proto::Caller{0, 0}}).has_value());
+  }
+  pm::DirLeaseResp r = lease(a_, 0);
+  EXPECT_EQ(r.lease_ns, 0) << "over kMaxLeasedNames names";
+  EXPECT_TRUE(r.names.empty());
+  EXPECT_TRUE(svc_->lookup(pm::LookupReq{dir_, "old", b_}).has_value()) << "not held";
+  ASSERT_TRUE(svc_->unlink(pm::NameReq{dir_, "n0", a_}).is_ok());
+  ASSERT_TRUE(svc_->unlink(pm::NameReq{dir_, "n1", a_}).is_ok());
+  ASSERT_EQ(lease(a_, 0).lease_ns, kTerm);
+  ASSERT_TRUE(svc_->close_session(pm::SessionReq{a_}).is_ok());
+  EXPECT_TRUE(svc_->lookup(pm::LookupReq{dir_, "old", b_}).has_value()) << "A's session ended";
+}
+
+TEST_F(MetaDirLeaseTest, RemovingALeasedDirectoryWaitsLikeAChangeOfItsNames) {
+  // Empty in the store, but its holder may have answered creates not applied yet.
+  auto e = svc_->mkdir(pm::MkdirReq{kRootInode, "empty", 0755, proto::Caller{0, 0}});
+  ASSERT_TRUE(e.has_value()) << e.error().to_string();
+  ASSERT_EQ(svc_->dir_lease(pm::DirLeaseReq{a_, e->attr.ino, false, 0})->lease_ns, kTerm);
+  EXPECT_EQ(svc_->rmdir(pm::NameReq{kRootInode, "empty", b_}).code(), Code::kBusy);
+  ASSERT_TRUE(svc_->mkdir(pm::MkdirReq{kRootInode, "other", 0755, proto::Caller{0, 0}}).has_value());
+  EXPECT_EQ(svc_->rename(pm::RenameReq{kRootInode, "other", kRootInode, "empty", 0, b_}).code(), Code::kBusy)
+      << "a rename that would replace it";
+  now_ += kTerm + kGrace;
+  EXPECT_TRUE(svc_->rmdir(pm::NameReq{kRootInode, "empty", b_}).is_ok());
+}
+
+TEST_F(MetaDirLeaseTest, ARestartWaitsOutTheTermAnEarlierRunGranted) {
+  ASSERT_EQ(lease(a_).lease_ns, kTerm);
+  const int64_t before = now_;
+  open_service();
+  now_ = before;  // just restarted: A may still answer from its lease
+  EXPECT_EQ(svc_->lookup(pm::LookupReq{dir_, "old", b_}).status().code(), Code::kBusy);
+  EXPECT_EQ(svc_->dir_lease(pm::DirLeaseReq{b_, dir_, false, 0})->lease_ns, 0);
+  now_ += kTerm + kGrace;
+  EXPECT_TRUE(svc_->lookup(pm::LookupReq{dir_, "old", b_}).has_value());
+}
+
+}  // namespace
+}  // namespace penstock::meta
