@@ -62,7 +62,7 @@ CreateBehind::Dir& CreateBehind::dir_locked(InodeId dir, Clock::time_point now) 
       // Forget the directory used longest ago that has nothing queued and no live lease.
       auto victim = dirs_.end();
       for (auto j = dirs_.begin(); j != dirs_.end(); ++j) {
-        if (!j->second.queued.empty() || live_locked(j->second, now)) continue;
+        if (!j->second.queued.empty() || j->second.asking > 0 || live_locked(j->second, now)) continue;
         if (victim == dirs_.end() || j->second.used < victim->second.used) victim = j;
       }
       if (victim != dirs_.end()) dirs_.erase(victim);
@@ -221,13 +221,15 @@ void CreateBehind::closed(InodeId ino, bool written) {
 bool CreateBehind::ask_lease_locked(std::unique_lock<std::mutex>& lock, InodeId dir, SessionId session,
                                     bool have_names) {
   const uint32_t want = pool_.size() < options_.inode_refill / 2 ? options_.inode_refill : 0;
+  dir_locked(dir, Clock::now()).asking += 1;
   lock.unlock();
   const Clock::time_point sent = Clock::now();
   auto r = rpc_.lease(pm::DirLeaseReq{session, dir, have_names, want});
   lock.lock();
   const Clock::time_point now = Clock::now();
-  if (stopping_ || session_locked() != session) return false;
   Dir& d = dir_locked(dir, now);
+  d.asking -= 1;
+  if (stopping_ || session_locked() != session) return false;
   if (!r.has_value()) {
     d.held = false;
     d.refused_until = now + options_.refused_backoff;
@@ -296,6 +298,32 @@ void CreateBehind::barrier() {
   answered_.wait(lock, [&] { return answered_seq_ >= target; });
 }
 
+Result<pm::CreateBatchResp> CreateBehind::send_batch(const pm::CreateBatchReq& req, Clock::time_point* sent) {
+  const Clock::time_point give_up = Clock::now() + options_.batch_retry_for;
+  auto pause = std::chrono::milliseconds(2);
+  for (int attempt = 1;; ++attempt) {
+    *sent = Clock::now();
+    auto r = rpc_.batch(req);
+    if (r.has_value()) return r;
+    const Code code = r.error().code();
+    if (!(failed_in_transit(code) || code == Code::kBusy) || Clock::now() + pause > give_up ||
+        rpc_.session() != req.session) {
+      return r;
+    }
+    if (attempt == 1 && code != Code::kBusy) {
+      PENSTOCK_LOG(Warn) << "sending " << req.entries.size() << " files created behind in directory "
+                         << req.dir.to_string() << " to penstock-meta failed (" << r.error().to_string()
+                         << "); sending them again for up to " << options_.batch_retry_for.count() << " ms";
+    }
+    {
+      std::lock_guard lock(mu_);
+      stats_.resent += 1;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(code == Code::kBusy ? 50 : 500));
+  }
+}
+
 void CreateBehind::flush_loop() {
   std::unique_lock lock(mu_);
   for (;;) {
@@ -328,8 +356,8 @@ void CreateBehind::flush_loop() {
         pm::CreateBatchReq req{session, dir, {}, want};
         req.entries.assign(std::make_move_iterator(entries.begin() + static_cast<std::ptrdiff_t>(begin)),
                            std::make_move_iterator(entries.begin() + static_cast<std::ptrdiff_t>(end)));
-        const Clock::time_point sent = Clock::now();
-        auto r = rpc_.batch(req);
+        Clock::time_point sent = Clock::now();
+        auto r = send_batch(req, &sent);
         std::lock_guard relock(mu_);
         stats_.batches += 1;
         Dir& d = dir_locked(dir, Clock::now());

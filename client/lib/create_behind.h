@@ -5,9 +5,11 @@
 // How a directory becomes leased: after `creates_before_lease` files synchronously created in it
 // were closed again unwritten within `burst_window` (markers, lock files, a tree of empty files:
 // a file written at once gains nothing, as its first write waits for its create anyway), the
-// closing thread asks the meta server (DirLease) for the lease and a block of inode numbers. The grant lists the directory's names; from then on this mount knows every name
-// in it: its own creates, mkdirs, links and renames add to that list, its removals take from it, and
-// nobody else may add one while the lease lasts.
+// closing thread asks the meta server (DirLease) for the lease and a block of inode numbers. The
+// grant lists the directory's names; from then on this mount knows every name in it: its own
+// creates, mkdirs, links and renames add to that list (whatever their outcome, before the kernel
+// is answered; also those that race the grant's listing, which may miss them), its removals take
+// from it, and nobody else may add one while the lease lasts.
 //
 // While the lease lasts (until `deadline`: the term from when the request that granted or renewed it
 // was sent, less a quarter of it):
@@ -17,9 +19,10 @@
 //   queues the create; the caller answers the kernel with them.
 // A flusher thread sends what is queued every `flush_interval` (or at once when `max_batch` are
 // queued or someone waits in barrier()), one CreateBatch per directory; each reply renews the lease
-// and tops up the pool. A create the server refuses (its lease ended before the batch arrived,
-// which needs a delay of a quarter of the term) is logged as an error: the application was told it
-// exists; later calls on it fail.
+// and tops up the pool. A batch that arrives after the lease ended is still applied; one whose call
+// failed on the way is sent again (for `batch_retry_for`). A create the server refuses (another
+// mount made the same name meanwhile, a penstock-meta restart forgot the session) is logged as an
+// error: the application was told it exists; later calls on it fail.
 //
 // Ordering: every other meta call of this client first waits in barrier() until everything queued
 // before it has been answered, so the meta server never sees an operation on a file before its
@@ -57,6 +60,10 @@ struct CreateBehindOptions {
   uint32_t inode_refill = 512;                          // numbers asked for when fewer than half are left
   size_t max_dirs = 64;                                 // directories tracked (the oldest are forgotten)
   size_t max_names = 65536;                             // a leased directory grown past this is given up
+  // A batch whose call failed on the way (unreachable, timed out) or waited (kBusy: another mount
+  // holds the directory now) is sent again, with a growing pause, for this long: the server answers
+  // a resent create it applied already as before (meta_service.h, CreateBatch).
+  std::chrono::milliseconds batch_retry_for{30000};
 };
 
 struct CreateBehindStats {
@@ -65,6 +72,7 @@ struct CreateBehindStats {
   uint64_t created = 0;         // creates answered here
   uint64_t batches = 0;         // CreateBatch calls
   uint64_t failed = 0;          // creates the server refused after they were answered
+  uint64_t resent = 0;          // batches sent again after a failed call or kBusy
 };
 
 class CreateBehind {
@@ -132,6 +140,9 @@ class CreateBehind {
     Clock::time_point burst_start;
     Clock::time_point refused_until;
     Clock::time_point used;                     // last touched (to forget the oldest)
+    // Lease requests in flight: the record is not forgotten meanwhile, so that the names this
+    // mount adds while the server lists them (the listing may miss them) are kept.
+    int asking = 0;
   };
 
   // REQUIRES mu_. The session to use: when the client's changed (the server lost the old one, and
@@ -148,6 +159,9 @@ class CreateBehind {
   // session changed, the call failed).
   bool ask_lease_locked(std::unique_lock<std::mutex>& lock, InodeId dir, SessionId session, bool have_names);
   void flush_loop();
+  // One CreateBatch, sent again while it fails on the way or waits (see batch_retry_for) and the
+  // session stays the same. `sent`: when the last try left (the lease renews from then).
+  Result<proto::meta::CreateBatchResp> send_batch(const proto::meta::CreateBatchReq& req, Clock::time_point* sent);
 
   const CreateBehindOptions options_;
   const Rpc rpc_;

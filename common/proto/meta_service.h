@@ -125,10 +125,13 @@ struct DirLeaseResp {
 // Files the holder of dir's lease created behind, in the order it answered them: each gets its
 // own result, applied as a Create with the given number (one of the session's inos) that also
 // opens the file for the session, unless `open` is false (it was closed again before it was sent:
-// no open record, and no Release follows). An entry fails with kStale when the session no longer holds the
-// lease (another session came after it ran out), kInvalid for a number not given to it, else as a
-// Create. `lease_ns`: the hold renewed from when the request was sent (0: not renewed). At most
-// kMaxCreateBatch entries (kInvalid). `want_inodes` as for DirLease.
+// no open record, and no Release follows). A batch that comes after the session's hold ended is
+// still applied (the mount told the applications these files exist), unless another session
+// holds dir now: then the whole call is kBusy ("retry in N ms") and nothing is applied. Sent
+// again after a lost reply, an entry already applied (its name has its number) succeeds again.
+// An entry fails with kInvalid for a number not given to the session, else as a Create.
+// `lease_ns`: the hold renewed from when the request was sent (0: not renewed, or not held). At
+// most kMaxCreateBatch entries (kInvalid). `want_inodes` as for DirLease.
 inline constexpr size_t kMaxCreateBatch = 1024;
 struct CreateBehind {
   std::string name; InodeId ino; uint32_t mode = 0; Caller caller; bool open = true;

@@ -20,15 +20,15 @@ int64_t DirLeases::check_locked(Dir& d, SessionId session, int64_t now) {
   if (session.valid() && d.holder == session.value) {
     // Another session is waiting and the term is over: the holder's own operations go on without
     // the hold, so that its changes in progress cannot keep the others waiting.
-    if (now < d.contended_until && now >= d.expiry + options_.grace_ns && d.changing == 0) d.holder = 0;
+    if (now < d.contended_until && now >= d.expiry + options_.grace_ns && d.changers.empty()) d.holder = 0;
     return 0;
   }
   d.contended_until = now + options_.contended_ns;
   const int64_t free_at = d.expiry + options_.grace_ns;
   if (now < free_at) return free_at - now;
   // A batch of the holder's creates being applied finishes first (changes while a hold exists are
-  // the holder's own: a grant waits for every change to end).
-  if (d.changing > 0) return 1'000'000;
+  // the holder's own: a grant waits for every other session's change to end).
+  if (!d.changers.empty()) return 1'000'000;
   d.holder = 0;  // its term and grace are over: the holder stopped using it
   return 0;
 }
@@ -44,7 +44,8 @@ int64_t DirLeases::check(InodeId dir, SessionId session) {
   return check_locked(it->second, session, now);
 }
 
-DirLeases::Change::Change(DirLeases& leases, InodeId dir, SessionId session) : leases_(leases), dir_(dir) {
+DirLeases::Change::Change(DirLeases& leases, InodeId dir, SessionId session)
+    : leases_(leases), dir_(dir), session_(session.value) {
   const int64_t now = leases.options_.clock();
   if (leases.restart_guard_until_ != 0 && now < leases.restart_guard_until_ + leases.options_.grace_ns) {
     wait_ns_ = leases.restart_guard_until_ + leases.options_.grace_ns - now;
@@ -60,7 +61,7 @@ DirLeases::Change::Change(DirLeases& leases, InodeId dir, SessionId session) : l
     it = leases.dirs_.emplace(dir.value, Dir{}).first;
   }
   wait_ns_ = leases.check_locked(it->second, session, now);
-  if (wait_ns_ == 0) it->second.changing += 1;
+  if (wait_ns_ == 0) it->second.changers.push_back(session_);
 }
 
 DirLeases::Change::~Change() {
@@ -68,8 +69,8 @@ DirLeases::Change::~Change() {
   std::lock_guard lock(leases_.mu_);
   auto it = leases_.dirs_.find(dir_.value);
   if (it == leases_.dirs_.end()) return;  // unreachable: a record with changes is never swept
-  it->second.changing -= 1;
-  it->second.epoch += 1;
+  std::vector<uint64_t>& c = it->second.changers;
+  c.erase(std::find(c.begin(), c.end(), session_));
 }
 
 DirLeases::Grant DirLeases::grant(InodeId dir, SessionId session, bool have_names) {
@@ -87,7 +88,7 @@ DirLeases::Grant DirLeases::grant(InodeId dir, SessionId session, bool have_name
   Dir& d = it->second;
   const bool renewal = d.holder == session.value && have_names;
   if (!renewal) {
-    if (d.changing > 0 || now < d.contended_until) return g;
+    if (changed_by_other(d, session.value) || now < d.contended_until) return g;
     if (d.holder != 0 && d.holder != session.value && now < d.expiry + options_.grace_ns) return g;
   } else if (now < d.contended_until) {
     return g;  // another session is waiting for this hold to end
@@ -96,20 +97,13 @@ DirLeases::Grant DirLeases::grant(InodeId dir, SessionId session, bool have_name
   d.expiry = now + options_.term_ns;
   g.lease_ns = options_.term_ns;
   g.fresh = !renewal;
-  g.epoch = d.epoch;
   return g;
 }
 
-bool DirLeases::confirm(InodeId dir, SessionId session, uint64_t epoch) {
+bool DirLeases::confirm(InodeId dir, SessionId session) {
   std::lock_guard lock(mu_);
   auto it = dirs_.find(dir.value);
-  if (it == dirs_.end() || it->second.holder != session.value) return false;
-  Dir& d = it->second;
-  if (d.changing > 0 || d.epoch != epoch) {
-    d.holder = 0;
-    return false;
-  }
-  return true;
+  return it != dirs_.end() && it->second.holder == session.value;
 }
 
 bool DirLeases::holds(InodeId dir, SessionId session) {
@@ -165,7 +159,7 @@ void DirLeases::sweep_locked(int64_t now) {
   std::erase_if(dirs_, [&](const auto& kv) {
     const Dir& d = kv.second;
     const bool hold_over = d.holder == 0 || now >= d.expiry + options_.grace_ns + options_.contended_ns;
-    return d.changing == 0 && hold_over && now >= d.contended_until;
+    return d.changers.empty() && hold_over && now >= d.contended_until;
   });
 }
 

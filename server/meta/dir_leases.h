@@ -16,10 +16,14 @@
 // already reported as created. Nothing is sent to the holder (no recall): a foreign operation waits
 // at most the term plus grace, once per contention.
 //
-// Grants: only to a live session, for a directory without a change in progress, not contended,
-// and (for a new hold; MetaService checks) with at most proto::meta::kMaxLeasedNames names. A new hold is granted in two steps: grant()
-// records S as holder, the caller reads D's names, and confirm() withdraws the grant if a change of
-// D started or ended meanwhile. A holder's renewal keeps its names (`fresh` false).
+// Grants: only to a live session, for a directory without another session's change in progress,
+// not contended, and (for a new hold; MetaService checks) with at most proto::meta::kMaxLeasedNames
+// names. A new hold is granted in two steps: grant() records S as holder, the caller reads D's
+// names, and confirm() checks that S still holds D. Another session's change cannot run across
+// the two steps (it waits from grant() on); S's own may (the listing may miss them): a mount lists
+// every name it adds itself, whatever the outcome, before it answers the kernel
+// (client/lib/create_behind.h).
+// A holder's renewal keeps its names (`fresh` false).
 //
 // Inode numbers for creates behind: the meta server gives a session numbers from its synced
 // reservation (give_inodes) and a batch may only use those (take_inode), each once.
@@ -31,6 +35,7 @@
 // any thread (one internal mutex).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -71,7 +76,7 @@ class DirLeases {
 
   // One change of dir's names (add, remove, rename in or out), by anyone. check()s first; when that
   // says wait, wait_ns() is non-zero and the change must not run. Otherwise the change is counted
-  // in progress (no new hold is granted or confirmed) until destruction.
+  // in progress (no other session is granted a new hold) until destruction.
   class Change {
    public:
     Change(DirLeases& leases, InodeId dir, SessionId session);
@@ -83,20 +88,20 @@ class DirLeases {
    private:
     DirLeases& leases_;
     InodeId dir_;
+    uint64_t session_;
     int64_t wait_ns_ = 0;
   };
 
   struct Grant {
     int64_t lease_ns = 0;  // 0: refused
     bool fresh = false;    // a new hold: the caller lists the names, then confirm()s
-    uint64_t epoch = 0;    // for confirm()
   };
   // Grants or renews `session`'s hold on dir. `have_names`: the session still knows the names from
   // its hold (a renewal may then skip the listing).
   Grant grant(InodeId dir, SessionId session, bool have_names);
-  // After a fresh grant's listing: false when a change of dir started or ended since grant() (the
-  // hold is dropped; the caller answers "refused").
-  bool confirm(InodeId dir, SessionId session, uint64_t epoch);
+  // After a fresh grant's listing: false when `session` no longer holds dir (the caller answers
+  // "refused").
+  bool confirm(InodeId dir, SessionId session);
   // Whether `session` still holds dir (also past its term while nobody else came).
   bool holds(InodeId dir, SessionId session);
   // A batch of creates behind arrived: extends the hold by the term unless dir is contended.
@@ -123,9 +128,11 @@ class DirLeases {
     uint64_t holder = 0;          // session id; 0: none
     int64_t expiry = 0;           // clock() value
     int64_t contended_until = 0;  // no grants before this
-    int changing = 0;             // changes in progress
-    uint64_t epoch = 0;           // bumped when a change ends
+    std::vector<uint64_t> changers;  // the session of each change in progress (few: one per meta thread)
   };
+  static bool changed_by_other(const Dir& d, uint64_t session) {
+    return std::any_of(d.changers.begin(), d.changers.end(), [&](uint64_t s) { return s != session; });
+  }
   // REQUIRES mu_. 0 or the nanoseconds to wait; drops an ended hold and marks contention.
   int64_t check_locked(Dir& d, SessionId session, int64_t now);
   void sweep_locked(int64_t now);

@@ -110,6 +110,14 @@ Result<std::optional<DentryRecord>> read_dentry(Store* store, InodeId parent, st
   return std::optional<DentryRecord>(rec);
 }
 
+// A create behind sent again (its reply was lost): the inode when `e.name` in `dir` already has
+// e's number, nullopt when it does not.
+Result<std::optional<InodeRecord>> applied_behind(Store* store, InodeId dir, const pm::CreateBehind& e) {
+  PENSTOCK_ASSIGN_OR_RETURN(auto d, read_dentry(store, dir, e.name));
+  if (!d.has_value() || d->ino != e.ino) return std::optional<InodeRecord>();
+  return read_inode(store, e.ino);
+}
+
 // The directory record of `ino`: kNotFound when missing, kNotDir when not a directory.
 Result<InodeRecord> read_dir_inode(Store* store, InodeId ino) {
   PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store, ino));
@@ -1605,7 +1613,7 @@ Result<pm::DirLeaseResp> MetaService::dir_lease(const pm::DirLeaseReq& req) {
       resp.names.emplace_back(key.substr(prefix.size()));
       return true;
     }));
-    if (too_many || !dir_leases_.confirm(req.dir, req.session, g.epoch)) {
+    if (too_many || !dir_leases_.confirm(req.dir, req.session)) {
       if (too_many) dir_leases_.release(req.dir, req.session);
       resp.lease_ns = 0;
       resp.fresh = false;
@@ -1634,9 +1642,13 @@ Result<pm::CreateBatchResp> MetaService::create_batch(const pm::CreateBatchReq& 
   resp.results.reserve(req.entries.size());
   {
     // The holder's own change: never waits while it holds dir, and keeps anyone else from dropping
-    // the hold halfway through the batch.
+    // the hold halfway through the batch. A batch that comes after the hold ended (another mount
+    // looked at dir meanwhile) is applied all the same: the mount told its applications these
+    // files exist, and refusing them would only make what the other mount saw permanent. Only
+    // while someone else holds dir now must it wait.
     DirLeases::Change change(dir_leases_, req.dir, req.session);
-    const bool held = change.wait_ns() == 0 && dir_leases_.holds(req.dir, req.session);
+    PENSTOCK_RETURN_IF_ERROR(leased_elsewhere(change.wait_ns(), req.dir));
+    const bool held = dir_leases_.holds(req.dir, req.session);
     // The whole batch is one transaction (one store write).
     std::lock_guard lock(mu_);
     const int64_t now = options_.now();
@@ -1645,20 +1657,26 @@ Result<pm::CreateBatchResp> MetaService::create_batch(const pm::CreateBatchReq& 
     }
     Txn txn(store_, &used_inodes_, &gc_queue_);
     std::unordered_set<std::string_view> names;  // made in this batch (the store does not show them yet)
+    std::vector<InodeId> taken;                  // numbers used by this batch (given back if it fails)
     for (const pm::CreateBehind& e : req.entries) {
       pm::CreateResult r;
       Status st = validate_name(e.name);
       if (!st.is_ok()) {
       } else if (names.count(e.name) != 0) {
         st = Status(Code::kExists, quoted(e.name) + " already exists in directory " + req.dir.to_string());
-      } else if (!held) {
-        st = Status(Code::kStale, "the lease of session " + req.session.to_string() + " on directory " +
-                                      req.dir.to_string() + " ended before this create of " + quoted(e.name) +
-                                      " arrived (another mount used the directory after it ran out)");
       } else if (!dir_leases_.take_inode(req.session, e.ino)) {
-        st = Status(Code::kInvalid, "inode number " + e.ino.to_string() + " was not given to session " +
-                                        req.session.to_string() + " (or is used already)");
+        // Sent again after a lost reply: the entry was applied if its name has its number.
+        Result<std::optional<InodeRecord>> again = applied_behind(store_, req.dir, e);
+        if (!again.has_value()) {
+          st = again.error();
+        } else if (again->has_value()) {
+          r.attr = std::move((*again)->attr);
+        } else {
+          st = Status(Code::kInvalid, "inode number " + e.ino.to_string() + " was not given to session " +
+                                          req.session.to_string() + " (or is used already)");
+        }
       } else {
+        taken.push_back(e.ino);
         auto a = make_node_in(txn, req.dir, e.name, S_IFREG | (e.mode & 07777), 0, e.caller,
                               e.open ? req.session : SessionId(), "", e.ino, now);
         if (a.has_value()) {
@@ -1673,12 +1691,17 @@ Result<pm::CreateBatchResp> MetaService::create_batch(const pm::CreateBatchReq& 
       resp.results.push_back(std::move(r));
     }
     if (Status st = txn.commit(); !st.is_ok()) {
+      dir_leases_.give_inodes(req.session, taken);  // nothing was made: the batch may be sent again
       for (pm::CreateResult& r : resp.results) {
         if (r.code != static_cast<uint32_t>(Code::kOk)) continue;
         r.code = static_cast<uint32_t>(st.code());
         r.message = "create behind in directory " + req.dir.to_string() + ": " + st.message();
         r.attr.reset();
       }
+    } else if (!held && !names.empty()) {
+      PENSTOCK_LOG(Info) << names.size() << " files created behind by session " << req.session.to_string()
+                         << " in directory " << req.dir.to_string()
+                         << " were applied after its lease ended (another mount may have listed the directory without them)";
     }
   }
   resp.lease_ns = dir_leases_.renew(req.dir, req.session);

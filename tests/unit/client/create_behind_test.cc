@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -30,6 +31,7 @@ class FakeMeta {
     CreateBehind::Rpc r;
     r.session = [] { return SessionId{3}; };
     r.lease = [this](const pm::DirLeaseReq& req) -> Result<pm::DirLeaseResp> {
+      if (while_listing) while_listing();  // what the mount does while the server lists the names
       std::lock_guard lock(mu);
       leases.push_back(req);
       pm::DirLeaseResp resp;
@@ -45,7 +47,10 @@ class FakeMeta {
     r.batch = [this](const pm::CreateBatchReq& req) -> Result<pm::CreateBatchResp> {
       std::lock_guard lock(mu);
       batches.push_back(req);
-      if (fail_batches) return Status(Code::kUnavailable, "meta is down");
+      if (fail_batches != 0) {
+        if (fail_batches > 0) fail_batches -= 1;
+        return Status(fail_code, "meta is down");
+      }
       pm::CreateBatchResp resp;
       for (const pm::CreateBehind& e : req.entries) {
         pm::CreateResult res;
@@ -71,11 +76,13 @@ class FakeMeta {
   std::vector<pm::CreateBatchReq> batches;
   std::vector<std::string> created;
   std::vector<std::string> listed{"existing"};
+  std::function<void()> while_listing;
   int64_t lease_ns = 10'000'000'000;  // long: the tests do not race the clock
   int64_t renew_ns = 10'000'000'000;
   uint32_t dir_mode = 0755;
   Code batch_code = Code::kOk;
-  bool fail_batches = false;
+  int fail_batches = 0;  // the next this many batch calls fail with fail_code (-1: all)
+  Code fail_code = Code::kUnavailable;
   uint64_t next_ino = 1000;
 };
 
@@ -93,6 +100,29 @@ void burst(CreateBehind& cb) {
     cb.created_sync(kDir, "sync" + std::to_string(i), InodeId{static_cast<uint64_t>(500 + i)});
     cb.closed(InodeId{static_cast<uint64_t>(500 + i)}, false);
   }
+}
+
+TEST(CreateBehindTest, NamesThisMountAddsWhileTheGrantIsListedAreKeptEvenWhenTheListingMissesThem) {
+  FakeMeta meta;
+  CreateBehindOptions o = options();
+  o.max_dirs = 2;
+  CreateBehind cb(o, meta.rpc());
+  // The meta server lets the asker's own changes run across the listing: other threads of this
+  // mount finish creates, a mkdir and a rename into kDir meanwhile, and touch more directories
+  // than the mount keeps records of. The listing has none of them.
+  meta.while_listing = [&cb] {
+    cb.created_sync(kDir, "raced-create", InodeId{600});
+    cb.added(kDir, "raced-mkdir");
+    cb.added(kDir, "raced-rename");
+    for (uint64_t d = 20; d < 25; ++d) cb.created_sync(InodeId{d}, "elsewhere", InodeId{600 + d});
+  };
+  burst(cb);
+  ASSERT_EQ(meta.leases.size(), 1u);
+  for (const char* name : {"raced-create", "raced-mkdir", "raced-rename", "existing", "sync0"}) {
+    EXPECT_FALSE(cb.known_absent(kDir, name)) << name << " exists: the server must be asked";
+    EXPECT_FALSE(cb.create(kDir, name, 0644, kCaller).has_value()) << name;
+  }
+  EXPECT_TRUE(cb.known_absent(kDir, "new")) << "the lease was granted";
 }
 
 TEST(CreateBehindTest, AfterABurstOfCreatesTheLeaseIsAskedForAndAbsentNamesAreAnsweredHere) {
@@ -251,11 +281,48 @@ TEST(CreateBehindTest, RefusedCreatesAndFailedBatchesAreCountedAndTheirNamesForg
   EXPECT_FALSE(cb.known_absent(kDir, "a")) << "a refused name stays listed (kExists means it is there)";
   EXPECT_TRUE(cb.known_absent(kDir, "zzz")) << "the lease goes on";
   meta.batch_code = Code::kOk;
-  meta.fail_batches = true;
+  meta.fail_batches = -1;
+  meta.fail_code = Code::kInternal;  // not a failure on the way: not sent again
   ASSERT_TRUE(cb.create(kDir, "b", 0644, kCaller).has_value());
   cb.barrier();
   EXPECT_EQ(cb.stats().failed, 2u);
   EXPECT_FALSE(cb.known_absent(kDir, "zzz")) << "after a failed batch nothing is answered here";
+}
+
+TEST(CreateBehindTest, ABatchThatFailsOnTheWayOrWaitsIsSentAgainUntilItIsAnswered) {
+  FakeMeta meta;
+  CreateBehindOptions o = options();
+  CreateBehind cb(o, meta.rpc());
+  burst(cb);
+  meta.fail_batches = 2;  // unreachable twice (the fake applies nothing then)
+  ASSERT_TRUE(cb.create(kDir, "a", 0644, kCaller).has_value());
+  ASSERT_TRUE(cb.create(kDir, "b", 0644, kCaller).has_value());
+  cb.barrier();
+  {
+    std::lock_guard lock(meta.mu);
+    EXPECT_EQ(meta.batches.size(), 3u);
+    EXPECT_EQ(meta.created, (std::vector<std::string>{"a", "b"}));
+    meta.fail_batches = 1;
+    meta.fail_code = Code::kBusy;
+  }
+  ASSERT_TRUE(cb.create(kDir, "c", 0644, kCaller).has_value());
+  cb.barrier();
+  EXPECT_EQ(cb.stats().resent, 3u);
+  EXPECT_EQ(cb.stats().failed, 0u);
+  EXPECT_TRUE(cb.take_layout(InodeId{meta.batches.back().entries[0].ino}).has_value());
+  EXPECT_TRUE(cb.known_absent(kDir, "zzz")) << "the lease goes on";
+
+  // Unreachable for longer than batch_retry_for: given up, counted as failed, lease dropped.
+  FakeMeta down;
+  o.batch_retry_for = 50ms;
+  CreateBehind gives_up(o, down.rpc());
+  burst(gives_up);
+  down.fail_batches = -1;
+  ASSERT_TRUE(gives_up.create(kDir, "x", 0644, kCaller).has_value());
+  gives_up.barrier();
+  EXPECT_EQ(gives_up.stats().failed, 1u);
+  EXPECT_GE(gives_up.stats().resent, 2u);
+  EXPECT_FALSE(gives_up.known_absent(kDir, "zzz"));
 }
 
 TEST(CreateBehindTest, OwnChangesKeepTheNamesRight) {
