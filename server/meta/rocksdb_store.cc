@@ -70,11 +70,20 @@ Result<std::unique_ptr<RocksDbStore>> RocksDbStore::open(const std::string& dir,
   opts.paranoid_checks = true;
   // Point lookups (inode, dentry, open records) dominate: a bloom filter per SST skips files that
   // cannot hold the key, and index/filter blocks live in a bounded block cache.
+  // Both are partitioned into 4 KiB blocks under a small pinned top level. A whole filter block
+  // is 10 bits per key: past about 1.6M keys in one SST (800k files) it outgrew the 2 MiB shard
+  // of the LRU cache (128 MiB / 64 shards), was dropped after every use and read again, 2.5 MB
+  // per Get, and creates fell from 8k/s to 3.5k/s (docs/performance.md, round 16).
   rocksdb::BlockBasedTableOptions table;
   table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
   std::shared_ptr<rocksdb::Cache> block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
   table.block_cache = block_cache;
+  table.index_type = rocksdb::BlockBasedTableOptions::kTwoLevelIndexSearch;
+  table.partition_filters = true;
+  table.metadata_block_size = 4096;
   table.cache_index_and_filter_blocks = true;
+  table.cache_index_and_filter_blocks_with_high_priority = true;
+  table.pin_top_level_index_and_filter = true;
   table.pin_l0_filter_and_index_blocks_in_cache = true;
   opts.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   opts.max_background_jobs = 2;
