@@ -75,6 +75,13 @@ Status leased_elsewhere(int64_t wait_ns, InodeId dir) {
                                  std::to_string(ms) + " ms");
 }
 
+// The directory about to be removed is not the one whose lease was checked before (a rename put
+// another in its place meanwhile).
+Status victim_replaced(const std::string& name, InodeId parent) {
+  return Status(Code::kBusy, "directory " + quoted(name) + " in " + parent.to_string() +
+                                 " was replaced while this call waited; retry in 1 ms");
+}
+
 Status validate_xattr_name(std::string_view name) {
   // Linux gives ERANGE for an empty or over-long attribute name.
   if (name.empty() || name.size() > pm::kMaxNameBytes) {
@@ -883,7 +890,7 @@ Status MetaService::unlink_applied(const pm::NameReq& req) {
   return Status::ok();
 }
 
-Status MetaService::rmdir_applied(const pm::NameReq& req) {
+Status MetaService::rmdir_applied(const pm::NameReq& req, InodeId checked_victim) {
   PENSTOCK_RETURN_IF_ERROR(validate_name(req.name));
   std::lock_guard lock(mu_);
   int64_t now = options_.now();
@@ -892,6 +899,7 @@ Status MetaService::rmdir_applied(const pm::NameReq& req) {
   PENSTOCK_ASSIGN_OR_RETURN(auto d, read_dentry(store_, req.parent, req.name));
   if (!d.has_value()) return Status(Code::kNotFound, "no entry " + quoted(req.name) + " in directory " + req.parent.to_string());
   if (!is_dir(d->type)) return Status(Code::kNotDir, quoted(req.name) + " is not a directory");
+  if (d->ino != checked_victim) return victim_replaced(req.name, req.parent);
   PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * child, txn.need(d->ino));
   PENSTOCK_ASSIGN_OR_RETURN(bool empty, dir_is_empty(store_, d->ino));
   if (!empty) return Status(Code::kNotEmpty, "directory " + quoted(req.name) + " is not empty");
@@ -916,7 +924,7 @@ Status MetaService::rmdir_applied(const pm::NameReq& req) {
 //    a link and may become an orphan or be collected).
 //  - parents' nlink follow moved directories; both parents get new mtime/ctime, the moved inode a
 //    new ctime.
-Status MetaService::rename_applied(const pm::RenameReq& req) {
+Status MetaService::rename_applied(const pm::RenameReq& req, InodeId checked_victim) {
   PENSTOCK_RETURN_IF_ERROR(validate_name(req.name));
   PENSTOCK_RETURN_IF_ERROR(validate_name(req.new_name));
   const uint32_t known = pm::kRenameNoReplace | pm::kRenameExchange;
@@ -989,6 +997,7 @@ Status MetaService::rename_applied(const pm::RenameReq& req) {
         if (bad) return Status(Code::kInvalid, "cannot move directory " + quoted(req.name) + " into its own subtree");
         if (dd.has_value()) {
           if (!is_dir(dd->type)) return Status(Code::kNotDir, quoted(req.new_name) + " is not a directory");
+          if (dd->ino != checked_victim) return victim_replaced(req.new_name, req.new_parent);
           PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * dst, txn.need(dd->ino));
           PENSTOCK_ASSIGN_OR_RETURN(bool empty, dir_is_empty(store_, dd->ino));
           if (!empty) return Status(Code::kNotEmpty, "directory " + quoted(req.new_name) + " is not empty");
@@ -1566,15 +1575,18 @@ Result<pm::AttrResp> MetaService::make_node(InodeId parent, const std::string& n
   return handed(std::move(r));
 }
 Status MetaService::change_victim_dir(InodeId parent, const std::string& name, SessionId session,
-                                      std::optional<DirLeases::Change>* out) {
+                                      std::optional<DirLeases::Change>* out, InodeId* checked) {
+  *checked = InodeId{0};
   if (!validate_name(name).is_ok()) return Status::ok();  // the change itself says what is wrong
   PENSTOCK_ASSIGN_OR_RETURN(auto d, read_dentry(store_, parent, name));
   if (!d.has_value() || !is_dir(d->type)) return Status::ok();
+  *checked = d->ino;
   out->emplace(dir_leases_, d->ino, session);
   return leased_elsewhere((*out)->wait_ns(), d->ino);
 }
 
 Result<std::vector<InodeId>> MetaService::grant_inodes(SessionId session, uint32_t want) {
+  std::lock_guard lock(grant_mu_);  // the room seen is the room given, also for concurrent calls
   std::vector<InodeId> out;
   const size_t held = dir_leases_.inodes_held(session);
   const size_t room = held >= options_.dir_leases.max_inodes_per_session ? 0
@@ -1720,9 +1732,10 @@ Status MetaService::rmdir(const pm::NameReq& req) {
   DirLeases::Change dir_change(dir_leases_, req.parent, req.session);
   PENSTOCK_RETURN_IF_ERROR(leased_elsewhere(dir_change.wait_ns(), req.parent));
   std::optional<DirLeases::Change> victim;
-  PENSTOCK_RETURN_IF_ERROR(change_victim_dir(req.parent, req.name, req.session, &victim));
+  InodeId checked;
+  PENSTOCK_RETURN_IF_ERROR(change_victim_dir(req.parent, req.name, req.session, &victim, &checked));
   EntryLeases::Change change(leases_, {{req.parent, req.name}}, req.session);
-  return durable(rmdir_applied(req));
+  return durable(rmdir_applied(req, checked));
 }
 Status MetaService::rename(const pm::RenameReq& req) {
   DirLeases::Change from_dir(dir_leases_, req.parent, req.session);
@@ -1733,10 +1746,11 @@ Status MetaService::rename(const pm::RenameReq& req) {
     PENSTOCK_RETURN_IF_ERROR(leased_elsewhere(to_dir->wait_ns(), req.new_parent));
   }
   std::optional<DirLeases::Change> victim;  // a directory the rename may replace
-  PENSTOCK_RETURN_IF_ERROR(change_victim_dir(req.new_parent, req.new_name, req.session, &victim));
+  InodeId checked;
+  PENSTOCK_RETURN_IF_ERROR(change_victim_dir(req.new_parent, req.new_name, req.session, &victim, &checked));
   const EntryLeases::Name from{req.parent, req.name}, to{req.new_parent, req.new_name};
   EntryLeases::Change change(leases_, {from, to}, req.session);
-  Status st = durable(rename_applied(req));
+  Status st = durable(rename_applied(req, checked));
   if (st.is_ok()) {
     change.moved(from, to);
     if ((req.flags & pm::kRenameExchange) != 0) change.moved(to, from);

@@ -252,8 +252,8 @@ class MetaService {
                                     const proto::Caller& caller, SessionId session, const std::string& symlink_target,
                                     InodeId ino, int64_t now);
   Status unlink_applied(const pm::NameReq& req);
-  Status rmdir_applied(const pm::NameReq& req);
-  Status rename_applied(const pm::RenameReq& req);
+  Status rmdir_applied(const pm::NameReq& req, InodeId checked_victim);
+  Status rename_applied(const pm::RenameReq& req, InodeId checked_victim);
   Result<pm::AttrResp> link_applied(const pm::LinkReq& req);
   Result<pm::AttrResp> set_attr_applied(const pm::SetAttrReq& req);
   Result<pm::AttrResp> report_size_applied(const pm::ReportSizeReq& req);
@@ -302,9 +302,11 @@ class MetaService {
   bool session_alive(SessionId s);
   // Before a directory `name` in `parent` is removed (rmdir, or replaced by a rename): another
   // session may hold its lease with creates not yet applied, so its removal is a change of its
-  // names too (*out, kBusy while leased elsewhere). Nothing when it is no directory.
+  // names too (*out, kBusy while leased elsewhere). Nothing when it is no directory. *checked:
+  // the directory checked (0: none); rmdir_applied and rename_applied remove no other one (a
+  // rename may swap it in between: kBusy, retried by the client).
   Status change_victim_dir(InodeId parent, const std::string& name, SessionId session,
-                           std::optional<DirLeases::Change>* out);
+                           std::optional<DirLeases::Change>* out, InodeId* checked);
   // Fresh numbers for `session`'s creates behind: up to `want` (capped), fewer when it holds many.
   Result<std::vector<InodeId>> grant_inodes(SessionId session, uint32_t want);
   void notify_gc(bool queued);
@@ -318,6 +320,7 @@ class MetaService {
   // locks. It serializes every mutation (so a read-check-write batch never races another) and
   // guards all in-memory state below. Never held across a network wait, nor across a WAL sync.
   std::mutex mu_;
+  std::mutex grant_mu_;  // grant_inodes(): one at a time, so no session passes its cap
   uint64_t next_ino_ = 0;  // next inode number to hand out
   // Applied reservation: numbers below it may have been handed out. Written under mu_, read by
   // durable() without it.

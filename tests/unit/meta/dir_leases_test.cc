@@ -6,9 +6,11 @@
 
 #include <sys/stat.h>
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -206,7 +208,10 @@ class MetaDirLeaseTest : public ::testing::Test {
     o.dir_leases.term_ns = kTerm;
     o.dir_leases.grace_ns = kGrace;
     o.dir_leases.contended_ns = kContended;
-    o.dir_leases.clock = [this] { return now_; };
+    o.dir_leases.clock = [this] {
+      if (fire_after_ > 0 && --fire_after_ == 0) std::exchange(on_clock_, nullptr)();
+      return now_;
+    };
     svc_.reset();
     auto s = MetaService::open(&store_, o);
     ASSERT_TRUE(s.has_value()) << s.error().to_string();
@@ -224,6 +229,10 @@ class MetaDirLeaseTest : public ::testing::Test {
     return req;
   }
   int64_t now_ = kT0;
+  // Runs on_clock_ inside the fire_after_-th reading of the lease table's clock from now: another
+  // call slipped in between two steps of the call being made.
+  int fire_after_ = 0;
+  std::function<void()> on_clock_;
   MemoryStore store_;
   std::unique_ptr<MetaService> svc_;
   SessionId a_, b_;
@@ -392,6 +401,28 @@ TEST_F(MetaDirLeaseTest, RemovingALeasedDirectoryWaitsLikeAChangeOfItsNames) {
       << "a rename that would replace it";
   now_ += kTerm + kGrace;
   EXPECT_TRUE(svc_->rmdir(pm::NameReq{kRootInode, "empty", b_}).is_ok());
+}
+
+TEST_F(MetaDirLeaseTest, ADirectoryRenamedOverTheOneAnRmdirCheckedIsNotRemoved) {
+  auto v = svc_->mkdir(pm::MkdirReq{kRootInode, "v", 0755, proto::Caller{0, 0}});
+  auto w = svc_->mkdir(pm::MkdirReq{kRootInode, "w", 0755, proto::Caller{0, 0}});
+  ASSERT_TRUE(v.has_value() && w.has_value());
+  ASSERT_EQ(svc_->dir_lease(pm::DirLeaseReq{a_, w->attr.ino, false, 0})->lease_ns, kTerm);  // A creates in w
+  // B's rmdir of v checks v's lease (none); before it removes v, a rename puts w in v's place.
+  fire_after_ = 2;  // the first reading is rmdir's change of the parent, the second its check of v
+  on_clock_ = [&] {
+    ASSERT_TRUE(svc_->rename(pm::RenameReq{kRootInode, "w", kRootInode, "v", 0, b_}).is_ok());
+  };
+  Status st = svc_->rmdir(pm::NameReq{kRootInode, "v", b_});
+  ASSERT_FALSE(on_clock_) << "the rename ran";
+  EXPECT_EQ(st.code(), Code::kBusy) << st.to_string();
+  auto still = svc_->lookup(pm::LookupReq{kRootInode, "v", a_});
+  ASSERT_TRUE(still.has_value()) << "A's leased directory was removed: " << still.error().to_string();
+  EXPECT_EQ(still->attr.ino, w->attr.ino);
+  // The client retries: now the check sees w, leased to A, and waits it out.
+  EXPECT_EQ(svc_->rmdir(pm::NameReq{kRootInode, "v", b_}).code(), Code::kBusy);
+  now_ += kTerm + kGrace;
+  EXPECT_TRUE(svc_->rmdir(pm::NameReq{kRootInode, "v", b_}).is_ok());
 }
 
 TEST_F(MetaDirLeaseTest, ARestartWaitsOutTheTermAnEarlierRunGranted) {
