@@ -301,14 +301,19 @@ void CreateBehind::barrier() {
 Result<pm::CreateBatchResp> CreateBehind::send_batch(const pm::CreateBatchReq& req, Clock::time_point* sent) {
   const Clock::time_point give_up = Clock::now() + options_.batch_retry_for;
   auto pause = std::chrono::milliseconds(2);
+  pm::CreateBatchReq again;  // a resend asks for no numbers: those of a lost reply are not known here
   for (int attempt = 1;; ++attempt) {
     *sent = Clock::now();
-    auto r = rpc_.batch(req);
+    auto r = rpc_.batch(attempt == 1 ? req : again);
     if (r.has_value()) return r;
     const Code code = r.error().code();
     if (!(failed_in_transit(code) || code == Code::kBusy) || Clock::now() + pause > give_up ||
         rpc_.session() != req.session) {
       return r;
+    }
+    if (attempt == 1) {
+      again = req;
+      again.want_inodes = 0;
     }
     if (attempt == 1 && code != Code::kBusy) {
       PENSTOCK_LOG(Warn) << "sending " << req.entries.size() << " files created behind in directory "

@@ -128,7 +128,8 @@ struct DirLeaseResp {
 // no open record, and no Release follows). A batch that comes after the session's hold ended is
 // still applied (the mount told the applications these files exist), unless another session
 // holds dir now: then the whole call is kBusy ("retry in N ms") and nothing is applied. Sent
-// again after a lost reply, an entry already applied (its name has its number) succeeds again.
+// again after a lost reply, an entry already applied (its name has its number) succeeds again,
+// one refused because its name exists is refused again (kExists).
 // An entry fails with kInvalid for a number not given to the session, else as a Create.
 // `lease_ns`: the hold renewed from when the request was sent (0: not renewed, or not held). At
 // most kMaxCreateBatch entries (kInvalid). `want_inodes` as for DirLease.

@@ -117,13 +117,6 @@ Result<std::optional<DentryRecord>> read_dentry(Store* store, InodeId parent, st
   return std::optional<DentryRecord>(rec);
 }
 
-// A create behind sent again (its reply was lost): the inode when `e.name` in `dir` already has
-// e's number, nullopt when it does not.
-Result<std::optional<InodeRecord>> applied_behind(Store* store, InodeId dir, const pm::CreateBehind& e) {
-  PENSTOCK_ASSIGN_OR_RETURN(auto d, read_dentry(store, dir, e.name));
-  if (!d.has_value() || d->ino != e.ino) return std::optional<InodeRecord>();
-  return read_inode(store, e.ino);
-}
 
 // The directory record of `ino`: kNotFound when missing, kNotDir when not a directory.
 Result<InodeRecord> read_dir_inode(Store* store, InodeId ino) {
@@ -1669,7 +1662,6 @@ Result<pm::CreateBatchResp> MetaService::create_batch(const pm::CreateBatchReq& 
     }
     Txn txn(store_, &used_inodes_, &gc_queue_);
     std::unordered_set<std::string_view> names;  // made in this batch (the store does not show them yet)
-    std::vector<InodeId> taken;                  // numbers used by this batch (given back if it fails)
     for (const pm::CreateBehind& e : req.entries) {
       pm::CreateResult r;
       Status st = validate_name(e.name);
@@ -1677,18 +1669,28 @@ Result<pm::CreateBatchResp> MetaService::create_batch(const pm::CreateBatchReq& 
       } else if (names.count(e.name) != 0) {
         st = Status(Code::kExists, quoted(e.name) + " already exists in directory " + req.dir.to_string());
       } else if (!dir_leases_.take_inode(req.session, e.ino)) {
-        // Sent again after a lost reply: the entry was applied if its name has its number.
-        Result<std::optional<InodeRecord>> again = applied_behind(store_, req.dir, e);
+        // Sent again after a lost reply: the entry was applied if its name has its number, and
+        // refused as existing if its name has another (kInvalid would make the mount drop every
+        // number it holds).
+        Result<std::optional<DentryRecord>> again = read_dentry(store_, req.dir, e.name);
         if (!again.has_value()) {
           st = again.error();
+        } else if (again->has_value() && (*again)->ino == e.ino) {
+          auto rec = read_inode(store_, e.ino);
+          if (!rec.has_value()) {
+            st = rec.error();
+          } else if (!rec->has_value()) {
+            st = Status(Code::kNotFound, "inode " + e.ino.to_string() + " of " + quoted(e.name) + " is gone");
+          } else {
+            r.attr = std::move((*rec)->attr);
+          }
         } else if (again->has_value()) {
-          r.attr = std::move((*again)->attr);
+          st = Status(Code::kExists, quoted(e.name) + " already exists in directory " + req.dir.to_string());
         } else {
           st = Status(Code::kInvalid, "inode number " + e.ino.to_string() + " was not given to session " +
                                           req.session.to_string() + " (or is used already)");
         }
       } else {
-        taken.push_back(e.ino);
         auto a = make_node_in(txn, req.dir, e.name, S_IFREG | (e.mode & 07777), 0, e.caller,
                               e.open ? req.session : SessionId(), "", e.ino, now);
         if (a.has_value()) {
@@ -1703,7 +1705,6 @@ Result<pm::CreateBatchResp> MetaService::create_batch(const pm::CreateBatchReq& 
       resp.results.push_back(std::move(r));
     }
     if (Status st = txn.commit(); !st.is_ok()) {
-      dir_leases_.give_inodes(req.session, taken);  // nothing was made: the batch may be sent again
       for (pm::CreateResult& r : resp.results) {
         if (r.code != static_cast<uint32_t>(Code::kOk)) continue;
         r.code = static_cast<uint32_t>(st.code());
