@@ -117,7 +117,6 @@ Result<std::optional<DentryRecord>> read_dentry(Store* store, InodeId parent, st
   return std::optional<DentryRecord>(rec);
 }
 
-
 // The directory record of `ino`: kNotFound when missing, kNotDir when not a directory.
 Result<InodeRecord> read_dir_inode(Store* store, InodeId ino) {
   PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store, ino));
