@@ -394,8 +394,8 @@ void CreateBehind::flush_loop() {
             continue;
           }
           stats_.failed += 1;
-          // The name stays listed (it may exist: kExists); numbers the server does not know (a
-          // restart forgot what it gave this session) are all dropped.
+          // The name stays listed (it may exist: kExists); numbers the server does not know (its
+          // database lost what it gave this session: a machine crash, a restore) are all dropped.
           if (res.code == static_cast<uint32_t>(Code::kInvalid)) pool_.clear();
           PENSTOCK_LOG(Error) << "file " << req.entries[i].name << " (inode " << req.entries[i].ino.to_string()
                               << ") created behind in directory " << dir.to_string()

@@ -141,6 +141,16 @@ void DirLeases::give_inodes(SessionId session, const std::vector<InodeId>& inos)
   for (InodeId ino : inos) set.insert(ino.value);
 }
 
+std::vector<InodeId> DirLeases::inodes_of(SessionId session) {
+  std::lock_guard lock(mu_);
+  std::vector<InodeId> out;
+  auto it = inodes_.find(session.value);
+  if (it == inodes_.end()) return out;
+  out.reserve(it->second.size());
+  for (uint64_t ino : it->second) out.emplace_back(ino);
+  return out;
+}
+
 bool DirLeases::take_inode(SessionId session, InodeId ino) {
   std::lock_guard lock(mu_);
   auto it = inodes_.find(session.value);

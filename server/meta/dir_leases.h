@@ -115,6 +115,8 @@ class DirLeases {
   void give_inodes(SessionId session, const std::vector<InodeId>& inos);
   // True (and the number is used up) when it was given to `session` and not used yet.
   bool take_inode(SessionId session, InodeId ino);
+  // The numbers `session` holds and has not used.
+  std::vector<InodeId> inodes_of(SessionId session);
   // The session ended: drops its holds and numbers.
   void drop_session(SessionId session);
 

@@ -35,6 +35,7 @@ struct Flags {
   std::string log_level = "info";
   double session_lease_s = 30;
   double node_timeout_s = 10;
+  int node_report_wait_ms = meta::kDefaultNodeReportWaitNs / 1'000'000;
   double entry_lease_s = meta::kDefaultEntryLeaseNs / 1e9;
   int64_t dir_lease_ms = meta::kDefaultDirLeaseNs / 1'000'000;
   int workers = 8;
@@ -60,6 +61,11 @@ int run(const Flags& flags) {
   if (flags.session_lease_s <= 0 || flags.node_timeout_s <= 0 || flags.workers < 1 ||
       flags.io_threads < 1) {
     std::cerr << "penstock-meta: --session-lease-s and --node-timeout-s must be > 0, --workers and --io-threads >= 1\n";
+    return 2;
+  }
+  if (flags.node_report_wait_ms < 0 || flags.node_report_wait_ms > 4'000) {
+    std::cerr << "penstock-meta: --node-report-wait-ms must be between 0 and 4000 (clients retry a waiting create "
+                 "for 5 s)\n";
     return 2;
   }
   if (flags.close_sync_ms < 0 || flags.close_sync_ms > 60'000) {
@@ -114,6 +120,7 @@ int run(const Flags& flags) {
   meta::MetaOptions opts;
   opts.session_lease_ns = static_cast<int64_t>(flags.session_lease_s * 1e9);
   opts.node_timeout_ns = static_cast<int64_t>(flags.node_timeout_s * 1e9);
+  opts.node_report_wait_ns = static_cast<int64_t>(flags.node_report_wait_ms) * 1'000'000;
   opts.entry_leases.term_ns = static_cast<int64_t>(flags.entry_lease_s * 1e9);
   opts.dir_leases.term_ns = flags.dir_lease_ms * 1'000'000;
   auto service = meta::MetaService::open(&cached, opts);
@@ -205,6 +212,11 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", flags.log_level, "Log level: debug, info, warn or error (default info)")->capture_default_str();
   app.add_option("--session-lease-s", flags.session_lease_s, "Seconds a client session lives without a heartbeat before its opens are dropped (default 30)")->capture_default_str();
   app.add_option("--node-timeout-s", flags.node_timeout_s, "Seconds without heartbeat after which a data server is marked offline (default 10)")->capture_default_str();
+  app.add_option("--node-report-wait-ms", flags.node_report_wait_ms,
+                 "Milliseconds after a start during which new files wait for every known data server to report again "
+                 "(until it does it is offline, and a file made then would leave it out); 0 waits for none (default "
+                 "3000, at most 4000)")
+      ->capture_default_str();
   app.add_option("--entry-lease-s", flags.entry_lease_s,
                  "Seconds a mount may reuse a directory's name without asking again; rmdir and rename of a directory "
                  "another mount looked up wait up to this long (default 1; 0 turns entry leases off). For that long after a "

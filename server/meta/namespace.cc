@@ -330,6 +330,22 @@ Status MetaService::load() {
     return true;
   }));
 
+  // Numbers given to a session for creates behind and not used yet: its mount may still send the
+  // files it made with them. Those of a session that is gone are deleted.
+  std::unordered_map<uint64_t, std::vector<InodeId>> granted;
+  PENSTOCK_RETURN_IF_ERROR(store_->scan(schema::kGrantPrefix, "", [&](std::string_view key, std::string_view) {
+    const size_t at = schema::kGrantPrefix.size();
+    if (key.size() != at + 16) return true;
+    const uint64_t session = schema::read_be64(key.substr(at));
+    if (sessions_.count(session) != 0) {
+      granted[session].emplace_back(schema::read_be64(key.substr(at + 8)));
+    } else {
+      batch.del(std::string(key));
+    }
+    return true;
+  }));
+  for (const auto& [session, inos] : granted) dir_leases_.give_inodes(SessionId(session), inos);
+
   PENSTOCK_RETURN_IF_ERROR(store_->scan(schema::kGcPrefix, "", [&](std::string_view key, std::string_view) {
     if (key.size() == schema::kGcPrefix.size() + 8) gc_queue_.insert(schema::read_be64(key.substr(schema::kGcPrefix.size())));
     return true;
@@ -374,6 +390,7 @@ Status MetaService::load() {
   PENSTOCK_RETURN_IF_ERROR(bump_map_version(&batch));
   PENSTOCK_RETURN_IF_ERROR(store_->write(batch));
   ino_synced_end_ = ino_batch_end_.load();
+  if (!targets_.empty() && options_.node_report_wait_ns > 0) nodes_wait_until_ = now + options_.node_report_wait_ns;
   PENSTOCK_LOG(Info) << "metadata loaded: " << used_inodes_ << " inodes, " << sessions_.size() << " sessions, "
                      << nodes_.size() << " nodes, " << targets_.size() << " targets, map version " << map_version_
                      << ", file system " << fs_id_;
@@ -509,7 +526,24 @@ bool MetaService::session_alive(SessionId s) {
   return it != sessions_.end() && it->second.expires_ns >= options_.now();
 }
 
-Result<std::vector<ChainId>> MetaService::pick_chains(uint32_t stripe_count, uint32_t* seed) {
+Status MetaService::wait_for_nodes_locked() {
+  if (nodes_wait_until_ == 0) return Status::ok();
+  const int64_t now = options_.now();
+  const auto offline = std::find_if(targets_.begin(), targets_.end(), [](const auto& t) { return !t.second.online; });
+  if (offline == targets_.end() || now >= nodes_wait_until_) {
+    if (offline != targets_.end()) {
+      PENSTOCK_LOG(Warn) << "target " << offline->first << " has not reported since this start; new files leave it out";
+    }
+    nodes_wait_until_ = 0;
+    return Status::ok();
+  }
+  return Status(Code::kBusy, "penstock-meta has just started and waits up to " +
+                                 std::to_string((nodes_wait_until_ - now) / 1'000'000) +
+                                 " ms more for data server targets to report (target " + std::to_string(offline->first) +
+                                 " has not yet); retry");
+}
+
+std::vector<ChainId> MetaService::usable_chains_locked() const {
   std::vector<ChainId> usable;
   for (const auto& [id, chain] : chains_) {
     bool ok = !chain.targets.empty();
@@ -519,9 +553,13 @@ Result<std::vector<ChainId>> MetaService::pick_chains(uint32_t stripe_count, uin
     }
     if (ok) usable.push_back(chain.id);
   }
-  if (usable.empty()) {
-    return Status(Code::kUnavailable, "no data server is registered and online; start penstock-data");
-  }
+  return usable;
+}
+
+Result<std::vector<ChainId>> MetaService::pick_chains(uint32_t stripe_count, uint32_t* seed) {
+  PENSTOCK_RETURN_IF_ERROR(wait_for_nodes_locked());
+  const std::vector<ChainId> usable = usable_chains_locked();
+  if (usable.empty()) return Status(Code::kUnavailable, kNoDataServer);
   size_t n = usable.size();
   size_t stripe = stripe_count == 0 ? n : std::min<size_t>(stripe_count, n);
   size_t start = chain_cursor_++ % n;
@@ -583,6 +621,7 @@ Status MetaService::drop_opens_of_session(SessionId session, bool* queued_gc) {
       PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *rec, now, queued_gc));
     }
   }
+  for (InodeId ino : dir_leases_.inodes_of(session)) txn.batch().del(schema::grant_key(session, ino));
   txn.batch().del(schema::session_key(session));
   return txn.commit();
 }
@@ -1578,7 +1617,7 @@ Status MetaService::change_victim_dir(InodeId parent, const std::string& name, S
 }
 
 Result<std::vector<InodeId>> MetaService::grant_inodes(SessionId session, uint32_t want) {
-  std::lock_guard lock(grant_mu_);  // the room seen is the room given, also for concurrent calls
+  std::lock_guard grant_lock(grant_mu_);  // the room seen is the room given, also for concurrent calls
   std::vector<InodeId> out;
   const size_t held = dir_leases_.inodes_held(session);
   const size_t room = held >= options_.dir_leases.max_inodes_per_session ? 0
@@ -1589,6 +1628,17 @@ Result<std::vector<InodeId>> MetaService::grant_inodes(SessionId session, uint32
     PENSTOCK_ASSIGN_OR_RETURN(InodeId ino, take_inode_number());
     out.push_back(ino);
   }
+  if (out.empty()) return out;
+  // Stored before the mount sees them, so a batch made with them is still applied after a restart
+  // (the batch deletes each number it uses in its own transaction).
+  WriteBatch batch;
+  for (InodeId ino : out) batch.put(schema::grant_key(session, ino), "");
+  std::lock_guard lock(mu_);  // a session's end (which deletes its keys) comes before or after
+  if (!session_alive(session)) {
+    return Status(Code::kBadHandle, "session " + session.to_string() + " is unknown or expired; register a new session");
+  }
+  PENSTOCK_RETURN_IF_ERROR(store_->apply(batch).with_context("store the inode numbers given to session " +
+                                                              session.to_string()));
   dir_leases_.give_inodes(session, out);
   return out;
 }
@@ -1632,9 +1682,11 @@ Result<pm::DirLeaseResp> MetaService::dir_lease(const pm::DirLeaseReq& req) {
       return Status(Code::kBadHandle, "session " + req.session.to_string() + " is unknown or expired; register a new session");
     }
   }
-  // take_inode_number hands out numbers a completed sync covered only.
+  // take_inode_number hands out numbers a completed sync covered only; their u/ keys reach the
+  // write-ahead log before the reply (handed), as a batch's do.
   PENSTOCK_ASSIGN_OR_RETURN(resp.inos, grant_inodes(req.session, req.want_inodes));
-  return resp;
+  if (resp.inos.empty()) return resp;
+  return handed(Result<pm::DirLeaseResp>(std::move(resp)));
 }
 
 Result<pm::CreateBatchResp> MetaService::create_batch(const pm::CreateBatchReq& req) {
@@ -1659,6 +1711,9 @@ Result<pm::CreateBatchResp> MetaService::create_batch(const pm::CreateBatchReq& 
     if (!session_alive(req.session)) {
       return Status(Code::kBadHandle, "session " + req.session.to_string() + " is unknown or expired; register a new session");
     }
+    // As a whole (the mount sends it again): a refused entry would lose its file for good.
+    PENSTOCK_RETURN_IF_ERROR(wait_for_nodes_locked());
+    if (usable_chains_locked().empty()) return Status(Code::kUnavailable, kNoDataServer);
     Txn txn(store_, &used_inodes_, &gc_queue_);
     std::unordered_set<std::string_view> names;  // made in this batch (the store does not show them yet)
     for (const pm::CreateBehind& e : req.entries) {
@@ -1690,6 +1745,7 @@ Result<pm::CreateBatchResp> MetaService::create_batch(const pm::CreateBatchReq& 
                                           req.session.to_string() + " (or is used already)");
         }
       } else {
+        txn.batch().del(schema::grant_key(req.session, e.ino));  // used, also when the create fails
         auto a = make_node_in(txn, req.dir, e.name, S_IFREG | (e.mode & 07777), 0, e.caller,
                               e.open ? req.session : SessionId(), "", e.ino, now);
         if (a.has_value()) {

@@ -46,9 +46,16 @@ using NowFn = std::function<int64_t()>;
 // The system clock as a NowFn.
 int64_t system_now_ns();
 
+// Within the clients' 5 s retry of kBusy, and longer than the data servers' 2 s heartbeat.
+inline constexpr int64_t kDefaultNodeReportWaitNs = 3'000'000'000;
+
 struct MetaOptions {
   int64_t session_lease_ns = 30'000'000'000;  // a session that does not heartbeat for this long expires
   int64_t node_timeout_ns = 10'000'000'000;   // a data server without heartbeat this long is offline
+  // After a start, creates wait (kBusy, which clients retry) up to this long until every known data
+  // server has reported again: until then all are offline, and a layout would leave them out. 0
+  // (the default here, for tests) waits for none; the daemon uses kDefaultNodeReportWaitNs.
+  int64_t node_report_wait_ns = 0;
   uint64_t inode_batch = 1024;                // inode numbers reserved per persisted counter write
   NowFn now = system_now_ns;
   uint64_t seed = 0;                          // chain selection randomness; 0: from std::random_device
@@ -307,6 +314,12 @@ class MetaService {
   // rename may swap it in between: kBusy, retried by the client).
   Status change_victim_dir(InodeId parent, const std::string& name, SessionId session,
                            std::optional<DirLeases::Change>* out, InodeId* checked);
+  // REQUIRES mu_. kBusy while a restarted server waits for the data servers it knows to report
+  // (MetaOptions::node_report_wait_ns); OK once all did or the wait is over.
+  Status wait_for_nodes_locked();
+  // REQUIRES mu_. Chains whose every target is online: those new files may use.
+  std::vector<ChainId> usable_chains_locked() const;
+  static constexpr const char* kNoDataServer = "no data server is registered and online; start penstock-data";
   // Fresh numbers for `session`'s creates behind: up to `want` (capped), fewer when it holds many.
   Result<std::vector<InodeId>> grant_inodes(SessionId session, uint32_t want);
   void notify_gc(bool queued);
@@ -337,6 +350,7 @@ class MetaService {
   uint64_t used_inodes_ = 0;
   uint64_t map_version_ = 0;
   uint64_t chain_cursor_ = 0;   // rotating start position of chain selection
+  int64_t nodes_wait_until_ = 0;  // options_.now() value; 0: every known data server has reported
   std::mt19937_64 rng_;
   std::unordered_map<uint64_t, SessionState> sessions_;
   std::map<uint64_t, NodeState> nodes_;

@@ -33,6 +33,7 @@ inline constexpr std::string_view kNodeUuidPrefix = "nu/";
 inline constexpr std::string_view kTargetPrefix = "t/";
 inline constexpr std::string_view kTargetUuidPrefix = "tu/";
 inline constexpr std::string_view kChainPrefix = "h/";
+inline constexpr std::string_view kGrantPrefix = "u/";  // unused inode numbers given to a session
 
 // ---- counters (value: u64 record) ----
 inline constexpr std::string_view kNextInode = "c/next_ino";  // end of the persisted allocation batch
@@ -92,6 +93,8 @@ inline std::string node_uuid_key(std::string_view uuid) { return std::string(kNo
 inline std::string target_key(TargetId t) { return key1(kTargetPrefix, t.value); }
 inline std::string target_uuid_key(std::string_view uuid) { return std::string(kTargetUuidPrefix) + std::string(uuid); }
 inline std::string chain_key(ChainId c) { return key1(kChainPrefix, c.value); }
+inline std::string grant_prefix(SessionId s) { return key1(kGrantPrefix, s.value); }
+inline std::string grant_key(SessionId s, InodeId ino) { return key2(kGrantPrefix, s.value, ino.value); }
 
 // ---- records ----
 

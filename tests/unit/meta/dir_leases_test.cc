@@ -6,16 +6,19 @@
 
 #include <sys/stat.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "server/meta/namespace.h"
+#include "server/meta/schema.h"
 #include "server/meta/store.h"
 
 namespace penstock::meta {
@@ -208,6 +211,7 @@ class MetaDirLeaseTest : public ::testing::Test {
     o.dir_leases.term_ns = kTerm;
     o.dir_leases.grace_ns = kGrace;
     o.dir_leases.contended_ns = kContended;
+    o.node_report_wait_ns = node_report_wait_ns_;
     o.dir_leases.clock = [this] {
       if (fire_after_ > 0 && --fire_after_ == 0) std::exchange(on_clock_, nullptr)();
       return now_;
@@ -217,6 +221,11 @@ class MetaDirLeaseTest : public ::testing::Test {
     ASSERT_TRUE(s.has_value()) << s.error().to_string();
     svc_ = std::move(s).value();
     now_ += kTerm + kGrace + 1;  // past any restart guard
+  }
+  // A restart of penstock-meta with its data server back (nodes are offline until they report).
+  void restart() {
+    open_service();
+    ASSERT_TRUE(svc_->register_node(pm::RegisterNodeReq{"node-a", "127.0.0.1:7700", {{"t1", "/a", 10, 5}}}).has_value());
   }
   pm::DirLeaseResp lease(SessionId s, uint32_t want = 4) {
     auto r = svc_->dir_lease(pm::DirLeaseReq{s, dir_, false, want});
@@ -229,6 +238,7 @@ class MetaDirLeaseTest : public ::testing::Test {
     return req;
   }
   int64_t now_ = kT0;
+  int64_t node_report_wait_ns_ = 0;  // real time (MetaOptions::now)
   // Runs on_clock_ inside the fire_after_-th reading of the lease table's clock from now: another
   // call slipped in between two steps of the call being made.
   int fire_after_ = 0;
@@ -443,6 +453,87 @@ TEST_F(MetaDirLeaseTest, ARestartWaitsOutTheTermAnEarlierRunGranted) {
   EXPECT_EQ(svc_->dir_lease(pm::DirLeaseReq{b_, dir_, false, 0})->lease_ns, 0);
   now_ += kTerm + kGrace;
   EXPECT_TRUE(svc_->lookup(pm::LookupReq{dir_, "old", b_}).has_value());
+}
+
+// Every data server is offline after a start until it reports again: creates wait for them (a
+// layout chosen before would leave them out), a batch of creates behind as a whole.
+TEST_F(MetaDirLeaseTest, ARestartedServerHoldsCreatesUntilItsDataServersReport) {
+  const pm::DirLeaseResp r = lease(a_, 1);
+  ASSERT_EQ(r.inos.size(), 1u);
+  node_report_wait_ns_ = 60'000'000'000;
+  open_service();  // past the lease term, within the minute the server waits for data servers
+  auto early = svc_->create(pm::CreateReq{dir_, "early", 0644, proto::Caller{0, 0}});
+  EXPECT_EQ(early.status().code(), Code::kBusy) << early.status().to_string();
+  auto batch_early = svc_->create_batch(batch(a_, {{"b", r.inos[0]}}));
+  EXPECT_EQ(batch_early.status().code(), Code::kBusy) << batch_early.status().to_string();
+  ASSERT_TRUE(svc_->register_node(pm::RegisterNodeReq{"node-a", "127.0.0.1:7700", {{"t1", "/a", 10, 5}}}).has_value());
+  EXPECT_TRUE(svc_->create(pm::CreateReq{dir_, "early", 0644, proto::Caller{0, 0}}).has_value());
+  auto applied = svc_->create_batch(batch(a_, {{"b", r.inos[0]}}));
+  ASSERT_TRUE(applied.has_value()) << applied.error().to_string();
+  EXPECT_EQ(applied->results[0].code, 0u) << applied->results[0].message;
+  // A data server that does not come back is waited for that long only.
+  node_report_wait_ns_ = 1'000'000;
+  open_service();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  auto late = svc_->create(pm::CreateReq{dir_, "late", 0644, proto::Caller{0, 0}});
+  EXPECT_EQ(late.status().code(), Code::kUnavailable) << late.status().to_string();
+}
+
+// A mount may hold files made with its numbers for a flush interval, or resend a batch a restart
+// cut off: the numbers outlive the restart, and go with the session that had them.
+TEST_F(MetaDirLeaseTest, NumbersGivenBeforeARestartStillMakeFilesAndGoWithTheirSession) {
+  auto stored = [this](SessionId s) {
+    size_t n = 0;
+    const std::string prefix = schema::grant_prefix(s);
+    EXPECT_TRUE(store_.scan(prefix, prefix, [&](std::string_view, std::string_view) {
+                        ++n;
+                        return true;
+                      }).is_ok());
+    return n;
+  };
+  const pm::DirLeaseResp r = lease(a_, 4);
+  ASSERT_EQ(r.inos.size(), 4u);
+  pm::DirLeaseResp rb = svc_->dir_lease(pm::DirLeaseReq{b_, kRootInode, false, 2}).value();
+  ASSERT_EQ(rb.inos.size(), 2u);
+  EXPECT_EQ(stored(a_), 4u);
+  restart();
+  const pm::CreateBatchReq req = batch(a_, {{"x", r.inos[0]}, {"y", r.inos[1]}});
+  auto made = svc_->create_batch(req);
+  ASSERT_TRUE(made.has_value()) << made.error().to_string();
+  for (const pm::CreateResult& res : made->results) EXPECT_EQ(res.code, 0u) << res.message;
+  auto x = svc_->lookup(pm::LookupReq{dir_, "x", b_});
+  ASSERT_TRUE(x.has_value()) << x.error().to_string();
+  EXPECT_EQ(x->attr.ino, r.inos[0]);
+  EXPECT_EQ(stored(a_), 2u) << "a used number stays stored";
+
+  // Sent again across a second restart: answered as applied, the other numbers still good.
+  restart();
+  auto again = svc_->create_batch(req);
+  ASSERT_TRUE(again.has_value()) << again.error().to_string();
+  for (const pm::CreateResult& res : again->results) EXPECT_EQ(res.code, 0u) << res.message;
+  auto z = svc_->create_batch(batch(a_, {{"z", r.inos[2]}}));
+  ASSERT_TRUE(z.has_value()) << z.error().to_string();
+  EXPECT_EQ(z->results[0].code, 0u) << z->results[0].message;
+
+  // A closed session's numbers are deleted with it and are good for nobody after a restart.
+  EXPECT_EQ(stored(b_), 2u);
+  ASSERT_TRUE(svc_->close_session(pm::SessionReq{b_}).is_ok());
+  EXPECT_EQ(stored(b_), 0u);
+  restart();
+  auto refused = svc_->create_batch(batch(a_, {{"w", rb.inos[0]}}));
+  ASSERT_TRUE(refused.has_value()) << refused.error().to_string();
+  EXPECT_EQ(refused->results[0].code, static_cast<uint32_t>(Code::kInvalid));
+  EXPECT_EQ(stored(a_), 1u);
+
+  // Numbers of a session the database no longer has (its close was cut short) go at the start.
+  const SessionId gone{9999};
+  WriteBatch stale;
+  stale.put(schema::grant_key(gone, InodeId{r.inos[3].value + 100}), "");
+  ASSERT_TRUE(store_.apply(stale).is_ok());
+  EXPECT_EQ(stored(gone), 1u);
+  restart();
+  EXPECT_EQ(stored(gone), 0u);
+  EXPECT_EQ(stored(a_), 1u);
 }
 
 }  // namespace
