@@ -9,6 +9,7 @@
 #include <cstring>
 #include <ctime>
 #include <numeric>
+#include <optional>
 
 #include "client/lib/layout_text.h"
 #include "common/base/log.h"
@@ -90,6 +91,9 @@ Status Client::start() {
   net::TcpOptions tcp;
   tcp.connect_timeout = options_.connect_timeout;
   tcp.connections = std::max(1, options_.connections_per_server);
+  // A restarting penstock-meta (its port closed for a moment) makes a mount's metadata calls wait
+  // for it, not fail; one-shot tools (no session) fail at once.
+  tcp.wait_while_refused = options_.register_session;
   meta_ = std::make_unique<rpc::RpcClient>(net::make_tcp_channel(*runtime_, meta_endpoint_, tcp),
                                            options_.call_timeout);
 
@@ -147,6 +151,9 @@ Client::~Client() { shutdown(); }
 
 void Client::shutdown() {
   std::call_once(shutdown_once_, [this] {
+    // A penstock-meta that is down holds up no call of the shutdown past the connect (the creates
+    // behind still go on trying for their 30 s).
+    if (meta_ != nullptr) meta_->channel()->stop_waiting_while_refused();
     // Files created behind reach the meta server before anything else of this session does.
     if (cb_ != nullptr) cb_->stop();
     // Buffered writes go out before the session closes (an unmount must not drop them).
@@ -264,13 +271,15 @@ Result<typename M::Response> Client::meta_call(const typename M::Request& req) {
   if constexpr (kWaitsForDirLease<M>) {
     // Another mount's lease ends within its term plus grace (at most 2.1 s): retry until then, with
     // a growing pause, inside twice that.
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(5000);
+    // The 5 s count from the first kBusy: the first call may have waited for a restarting server.
+    std::optional<std::chrono::steady_clock::time_point> give_up;
     auto pause = std::chrono::milliseconds(2);
     for (;;) {
       auto r = meta_->call<M>(req);
-      if (r.has_value() || r.error().code() != Code::kBusy || std::chrono::steady_clock::now() + pause > give_up) {
-        return r;
-      }
+      if (r.has_value() || r.error().code() != Code::kBusy) return r;
+      const auto now = std::chrono::steady_clock::now();
+      if (!give_up.has_value()) give_up = now + std::chrono::milliseconds(5000);
+      if (now + pause > *give_up) return r;
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, std::chrono::milliseconds(50));
     }

@@ -55,6 +55,9 @@ class Channel {
   virtual Result<CallReply> call_sync(OutgoingCall call);
   // "tcp 127.0.0.1:7000": for status output and logs.
   virtual std::string describe() const = 0;
+  // Turns TcpOptions::wait_while_refused off (a client shutting down must not wait for a server
+  // that is gone). Channels that never wait ignore it.
+  virtual void stop_waiting_while_refused() {}
 };
 
 class IoPool;
@@ -83,6 +86,10 @@ struct TcpOptions {
   // next (made as needed, up to this many; callers beyond wait through the shared connections).
   // 0: call_sync() always goes through the shared connections.
   int blocking_connections = 8;
+  // A blocking call whose connection is refused (nothing listens: the server is restarting) tries
+  // to connect again, with a growing pause, until its deadline: the request was never sent, so it
+  // may be retried whatever it does. false: it fails at once with kUnavailable.
+  bool wait_while_refused = false;
 };
 
 // A TCP channel (Boost.Asio). Connects lazily on the first call and again after a connection is

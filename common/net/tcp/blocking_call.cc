@@ -30,7 +30,9 @@ int poll_timeout_ms(Clock::time_point deadline) {
 }  // namespace
 
 Result<std::unique_ptr<BlockingConnection>> BlockingConnection::connect(const Endpoint& server,
-                                                                        std::chrono::milliseconds timeout) {
+                                                                        std::chrono::milliseconds timeout,
+                                                                        bool* refused) {
+  if (refused != nullptr) *refused = false;
   const std::string address = server.to_string();
   const auto deadline = Clock::now() + timeout;
   addrinfo hints{};
@@ -66,6 +68,7 @@ Result<std::unique_ptr<BlockingConnection>> BlockingConnection::connect(const En
       }
     }
     if (err != 0) {
+      if (refused != nullptr) *refused = err == ECONNREFUSED;
       why = err == ETIMEDOUT ? "timed out after " + std::to_string(timeout.count()) + " ms" : std::strerror(err);
       ::close(fd);
       continue;

@@ -25,7 +25,9 @@ class BlockingConnection {
  public:
   // Connects to `server` (a numeric address or a host name) within `timeout`. kUnavailable
   // "cannot connect to HOST:PORT: <reason>" on failure.
-  static Result<std::unique_ptr<BlockingConnection>> connect(const Endpoint& server, std::chrono::milliseconds timeout);
+  // `refused` (if set) says whether the failure was ECONNREFUSED: nothing listens there.
+  static Result<std::unique_ptr<BlockingConnection>> connect(const Endpoint& server, std::chrono::milliseconds timeout,
+                                                             bool* refused = nullptr);
   // A connection that was never made: broken(), for a pool's placeholders.
   BlockingConnection() : fd_(-1), broken_(true) {}
   ~BlockingConnection();

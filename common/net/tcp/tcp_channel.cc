@@ -36,6 +36,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -604,13 +605,21 @@ class TcpChannel : public Channel {
   Result<CallReply> call_sync(OutgoingCall call) override {
     PENSTOCK_RETURN_IF_ERROR(check_limits(call));
     std::unique_ptr<BlockingConnection> conn = take_blocking();
+    if (conn == nullptr && wait_while_refused_.load() && refused_since_.load()) {
+      // The server refuses and every blocking connection is held by a caller waiting for it: the
+      // shared path would fail at once, so this one waits for a connection too.
+      auto pause = std::chrono::milliseconds(5);
+      while (conn == nullptr && refused_since_.load() && Clock::now() + pause < call.deadline) {
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::milliseconds(200));
+        conn = take_blocking();
+      }
+    }
     if (conn == nullptr) return Channel::call_sync(std::move(call));  // all in use: the shared path
     if (conn->failed()) {
       // A placeholder: make the connection now (counted in blocking_open_ already, so concurrent
       // callers cannot pass the bound).
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(call.deadline - Clock::now());
-      auto made = BlockingConnection::connect(
-          server_, std::clamp(left, std::chrono::milliseconds(1), options_.connect_timeout));
+      auto made = connect_blocking(call.deadline);
       if (!made.has_value()) {
         give_back_blocking(nullptr);
         return std::move(made).error();
@@ -634,6 +643,7 @@ class TcpChannel : public Channel {
   }
 
   std::string describe() const override { return "tcp " + server_.to_string(); }
+  void stop_waiting_while_refused() override { wait_while_refused_.store(false); }
 
  private:
   // An idle blocking connection that is still usable, or, when fewer than the bound are open, a
@@ -654,6 +664,31 @@ class TcpChannel : public Channel {
       }
       if (!conn->broken()) return conn;  // a server restart closes idle ones: those are dropped
       give_back_blocking(nullptr);
+    }
+  }
+
+  // A new blocking connection; while the server refuses (options_.wait_while_refused) it tries
+  // again until `deadline`, pausing 5 ms, then twice as long each time up to 200 ms.
+  Result<std::unique_ptr<BlockingConnection>> connect_blocking(Clock::time_point deadline) {
+    auto pause = std::chrono::milliseconds(5);
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      bool refused = false;
+      auto made = BlockingConnection::connect(
+          server_, std::clamp(left, std::chrono::milliseconds(1), options_.connect_timeout), &refused);
+      if (made.has_value()) {
+        if (refused_since_.exchange(false)) {
+          PENSTOCK_LOG(Info) << server_.to_string() << " accepts connections again";
+        }
+        return made;
+      }
+      if (!refused || !wait_while_refused_.load() || Clock::now() + pause >= deadline) return made;
+      if (!refused_since_.exchange(true)) {
+        PENSTOCK_LOG(Warn) << server_.to_string() << " refuses connections (restarting?); calls to it wait for it "
+                           << "until their deadline";
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(200));
     }
   }
 
@@ -690,6 +725,8 @@ class TcpChannel : public Channel {
   std::vector<std::unique_ptr<BlockingConnection>> idle_blocking_;  // guarded by mu_
   int blocking_open_ = 0;  // blocking connections idle, in use or being made; guarded by mu_
   Clock::time_point blocking_paused_until_{};  // no new blocking connection before; guarded by mu_
+  std::atomic<bool> wait_while_refused_{options_.wait_while_refused};
+  std::atomic<bool> refused_since_{false};  // a connect was refused and none was made since
 };
 
 }  // namespace

@@ -440,6 +440,37 @@ TEST_F(RpcTest, ChannelReconnectsAfterServerRestartOnSamePort) {
   expect_echo_works();
 }
 
+// A channel told to wait while refused (the client's channel to penstock-meta) rides out a server
+// restart: the blocking call connects once the server listens again, within its deadline.
+TEST_F(RpcTest, ABlockingCallWaitsForARestartingServerUntilItsDeadline) {
+  server_->stop();
+  server_.reset();
+  net::TcpOptions o{1000ms, 2};
+  o.wait_while_refused = true;
+  auto channel = net::make_tcp_channel(runtime_, net::Endpoint{"127.0.0.1", port_}, o);
+  rpc::RpcClient client(channel, 5s);
+  rpc::CallOptions short_deadline;
+  short_deadline.timeout = 300ms;
+  auto t0 = std::chrono::steady_clock::now();
+  auto gone = client.call<Echo>(EchoReq{}, short_deadline);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  ASSERT_FALSE(gone.has_value());
+  EXPECT_EQ(gone.error().code(), Code::kUnavailable) << gone.error().to_string();
+  EXPECT_GE(waited, 150ms) << "it did not wait for the server";
+  EXPECT_LT(waited, 1500ms);
+  std::thread restart([&] {
+    std::this_thread::sleep_for(200ms);
+    server_ = start_server(port_);
+  });
+  t0 = std::chrono::steady_clock::now();
+  auto back = client.call<Echo>(EchoReq{"after the restart"});
+  const auto took = std::chrono::steady_clock::now() - t0;
+  restart.join();
+  ASSERT_TRUE(back.has_value()) << back.error().to_string();
+  EXPECT_EQ(back->text, "after the restart");
+  EXPECT_GE(took, 150ms);
+}
+
 TEST_F(RpcTest, StopWaitsForRunningHandlersAndFailsTheirCalls) {
   std::atomic<int> done{0};
   Result<proto::Empty> result = Status(Code::kInternal, "not completed");
