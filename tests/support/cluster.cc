@@ -574,6 +574,22 @@ std::string Cluster::log_tails(int lines) const {
   return ::testing::AssertionSuccess();
 }
 
+::testing::AssertionResult Cluster::restart_meta(bool crash) {
+  if (!running_) return ::testing::AssertionFailure() << "restart_meta: the cluster is not running";
+  std::vector<std::string> argv = {local_cluster_script(), "restart-meta", "--state", state_};
+  if (crash) argv.push_back("--kill");
+  std::vector<std::string> env = {"PENSTOCK_BUILD=" + build_dir()};
+  if (!options_.meta_args.empty()) env.push_back("PENSTOCK_META_ARGS=" + options_.meta_args);
+  CommandResult r = run_command(argv, 60, env);
+  if (r.exit_code != 0) {
+    return ::testing::AssertionFailure() << "local-cluster restart-meta failed (exit " << r.exit_code
+                                         << (r.timed_out ? ", timed out" : "") << "):\n"
+                                         << r.output << "\n"
+                                         << log_tails();
+  }
+  return ::testing::AssertionSuccess();
+}
+
 ::testing::AssertionResult Cluster::start_mount(const std::string& path) {
   CommandResult r = run_command({local_cluster_script(), "mount", "--state", state_, "--mount", path},
                                 120, {"PENSTOCK_BUILD=" + build_dir()});

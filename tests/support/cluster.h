@@ -79,6 +79,9 @@ class Cluster {
   // down() + up(): same state, same ports, same mount points. A down() that stopped everything
   // but reported a problem (a sanitizer report in a log) adds a test failure and goes on.
   ::testing::AssertionResult restart();
+  // Stops penstock-meta (SIGKILL when `crash`, else SIGTERM) and starts it again on the same
+  // port and database; the data servers and mounts go on running.
+  ::testing::AssertionResult restart_meta(bool crash);
   // Mounts the cluster a further time; *path receives the new mount point.
   ::testing::AssertionResult add_mount(std::string* path);
 
