@@ -1773,7 +1773,14 @@ Result<pm::CreateBatchResp> MetaService::create_batch(const pm::CreateBatchReq& 
     }
   }
   resp.lease_ns = dir_leases_.renew(req.dir, req.session);
-  PENSTOCK_ASSIGN_OR_RETURN(resp.inos, grant_inodes(req.session, req.want_inodes));
+  // The batch is committed: a failed refill must not turn its answer into an error (the mount
+  // would count its files as lost). The mount asks again with its next batch or lease.
+  if (Result<std::vector<InodeId>> inos = grant_inodes(req.session, req.want_inodes); inos.has_value()) {
+    resp.inos = std::move(*inos);
+  } else {
+    PENSTOCK_LOG(Warn) << "no inode numbers for session " << req.session.to_string() << " with its batch: "
+                       << inos.error().to_string();
+  }
   return handed(Result<pm::CreateBatchResp>(std::move(resp)));
 }
 

@@ -6,6 +6,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -193,6 +194,30 @@ TEST_F(DirLeasesTest, SweepForgetsWhatNobodyNeeds) {
 
 // ---- through MetaService ----
 
+// The fixture's store: a MemoryStore whose writes of granted inode numbers (u/ keys) can be made
+// to fail, as a full disk would.
+class GrantFaultStore : public Store {
+ public:
+  explicit GrantFaultStore(MemoryStore* inner) : inner_(inner) {}
+  Result<std::optional<std::string>> get(std::string_view key) override { return inner_->get(key); }
+  Status apply(const WriteBatch& batch) override {
+    const bool grants = std::any_of(batch.ops().begin(), batch.ops().end(), [](const WriteBatch::Op& op) {
+      return !op.is_delete && op.key.starts_with(schema::kGrantPrefix);
+    });
+    if (fail_grants && grants) return Status(Code::kIo, "injected: no space left on device");
+    return inner_->apply(batch);
+  }
+  Status sync() override { return inner_->sync(); }
+  Status scan(std::string_view prefix, std::string_view seek, const ScanFn& fn) override {
+    return inner_->scan(prefix, seek, fn);
+  }
+  std::string describe() const override { return "memory (grant faults)"; }
+  bool fail_grants = false;
+
+ private:
+  MemoryStore* inner_;
+};
+
 class MetaDirLeaseTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -217,7 +242,7 @@ class MetaDirLeaseTest : public ::testing::Test {
       return now_;
     };
     svc_.reset();
-    auto s = MetaService::open(&store_, o);
+    auto s = MetaService::open(&faults_, o);
     ASSERT_TRUE(s.has_value()) << s.error().to_string();
     svc_ = std::move(s).value();
     now_ += kTerm + kGrace + 1;  // past any restart guard
@@ -239,6 +264,7 @@ class MetaDirLeaseTest : public ::testing::Test {
   }
   int64_t now_ = kT0;
   int64_t node_report_wait_ns_ = 0;  // real time (MetaOptions::now)
+  GrantFaultStore faults_{&store_};  // what the service writes to (store_ underneath)
   // Runs on_clock_ inside the fire_after_-th reading of the lease table's clock from now: another
   // call slipped in between two steps of the call being made.
   int fire_after_ = 0;
@@ -453,6 +479,30 @@ TEST_F(MetaDirLeaseTest, ARestartWaitsOutTheTermAnEarlierRunGranted) {
   EXPECT_EQ(svc_->dir_lease(pm::DirLeaseReq{b_, dir_, false, 0})->lease_ns, 0);
   now_ += kTerm + kGrace;
   EXPECT_TRUE(svc_->lookup(pm::LookupReq{dir_, "old", b_}).has_value());
+}
+
+// A batch is committed before its refill of numbers is taken: a refill that fails leaves the
+// batch's answer as it is (else the mount would count its files as lost), with no numbers in it.
+TEST_F(MetaDirLeaseTest, ARefillThatFailsDoesNotFailTheBatchBeforeIt) {
+  const pm::DirLeaseResp r = lease(a_, 2);
+  ASSERT_EQ(r.inos.size(), 2u);
+  faults_.fail_grants = true;
+  pm::CreateBatchReq req = batch(a_, {{"x", r.inos[0]}});
+  req.want_inodes = 8;
+  auto done = svc_->create_batch(req);
+  ASSERT_TRUE(done.has_value()) << done.error().to_string();
+  EXPECT_EQ(done->results[0].code, 0u) << done->results[0].message;
+  EXPECT_TRUE(done->inos.empty());
+  EXPECT_TRUE(svc_->lookup(pm::LookupReq{dir_, "x", a_}).has_value());
+  // Asked for with a lease, the failure is the answer; once the disk has room, numbers come again.
+  auto refused = svc_->dir_lease(pm::DirLeaseReq{a_, dir_, true, 4});
+  EXPECT_EQ(refused.status().code(), Code::kIo) << refused.status().to_string();
+  faults_.fail_grants = false;
+  req = batch(a_, {{"y", r.inos[1]}});
+  req.want_inodes = 8;
+  auto refilled = svc_->create_batch(req);
+  ASSERT_TRUE(refilled.has_value()) << refilled.error().to_string();
+  EXPECT_EQ(refilled->inos.size(), 8u);
 }
 
 // Every data server is offline after a start until it reports again: creates wait for them (a
