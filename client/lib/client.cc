@@ -10,6 +10,8 @@
 #include <ctime>
 #include <numeric>
 #include <optional>
+#include <thread>
+#include <type_traits>
 
 #include "client/lib/layout_text.h"
 #include "common/base/log.h"
@@ -259,6 +261,36 @@ constexpr bool kPassesCreatesBehind =
     std::is_same_v<M, meta::DirLease> || std::is_same_v<M, meta::CreateBatch> || std::is_same_v<M, meta::Heartbeat> ||
     std::is_same_v<M, meta::GetClusterMap>;
 
+// Calls that change nothing on the server (a repeat finds it as the first left it): one that met
+// no server or lost its connection (kUnavailable: penstock-meta restarting) goes again, until
+// the call timeout. Others may have been applied before the connection was lost.
+template <class M>
+constexpr bool kSafeToRepeat =
+    std::is_same_v<M, meta::Lookup> || std::is_same_v<M, meta::GetAttr> || std::is_same_v<M, meta::Readlink> ||
+    std::is_same_v<M, meta::ReadDir> || std::is_same_v<M, meta::StatFs> || std::is_same_v<M, meta::GetXattr> ||
+    std::is_same_v<M, meta::ListXattr> || std::is_same_v<M, meta::GetLayout> ||
+    std::is_same_v<M, meta::GetClusterMap> || std::is_same_v<M, meta::SyncLog>;
+
+template <class M>
+Result<typename M::Response> send_to_meta(rpc::RpcClient& meta, const typename M::Request& req,
+                                          std::chrono::milliseconds timeout) {
+  if constexpr (!kSafeToRepeat<M>) {
+    return meta.call<M>(req);
+  } else {
+    const auto give_up = std::chrono::steady_clock::now() + timeout;
+    auto pause = std::chrono::milliseconds(5);
+    for (;;) {
+      auto r = meta.call<M>(req);
+      if (r.has_value() || r.error().code() != Code::kUnavailable ||
+          std::chrono::steady_clock::now() + pause > give_up) {
+        return r;
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(200));
+    }
+  }
+}
+
 }  // namespace
 
 template <class M>
@@ -275,7 +307,7 @@ Result<typename M::Response> Client::meta_call(const typename M::Request& req) {
     std::optional<std::chrono::steady_clock::time_point> give_up;
     auto pause = std::chrono::milliseconds(2);
     for (;;) {
-      auto r = meta_->call<M>(req);
+      auto r = send_to_meta<M>(*meta_, req, options_.call_timeout);
       if (r.has_value() || r.error().code() != Code::kBusy) return r;
       const auto now = std::chrono::steady_clock::now();
       if (!give_up.has_value()) give_up = now + std::chrono::milliseconds(5000);
@@ -284,7 +316,7 @@ Result<typename M::Response> Client::meta_call(const typename M::Request& req) {
       pause = std::min(pause * 2, std::chrono::milliseconds(50));
     }
   } else {
-    return meta_->call<M>(req);
+    return send_to_meta<M>(*meta_, req, options_.call_timeout);
   }
 }
 

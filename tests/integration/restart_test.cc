@@ -441,10 +441,23 @@ TEST(MetaFailoverTest, FilesCreatedBehindSurviveAMetaCrashBeforeTheirBatchIsAppl
     return fd >= 0 && close(fd) == 0;
   };
   for (int i = 0; i < 64; ++i) ASSERT_TRUE(create("f" + std::to_string(i))) << i << ": " << errno_name(errno);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // every batch answered
   // penstock-meta stops answering; the mount, holding the directory, still answers creates there.
   const pid_t meta = cluster.pid_of("meta");
   ASSERT_GT(meta, 0) << "no meta pid recorded";
   ASSERT_EQ(kill(meta, SIGSTOP), 0) << errno_name(errno);
+  // A lookup on its way to penstock-meta when it dies is sent again to the restarted one.
+  int looked[2];
+  ASSERT_EQ(pipe(looked), 0);
+  const pid_t looker = fork();
+  ASSERT_GE(looker, 0);
+  if (looker == 0) {
+    close(looked[0]);
+    struct stat st {};
+    const int err = stat((cluster.mount_path() + "/nope").c_str(), &st) == 0 ? 0 : errno;
+    _exit(write(looked[1], &err, sizeof err) == sizeof err ? 0 : 1);
+  }
+  close(looked[1]);
   constexpr int kBehind = 8;
   int report[2];
   ASSERT_EQ(pipe(report), 0);
@@ -470,6 +483,11 @@ TEST(MetaFailoverTest, FilesCreatedBehindSurviveAMetaCrashBeforeTheirBatchIsAppl
   int status = 0;
   waitpid(child, &status, 0);
   EXPECT_EQ(c, 'y') << "a create failed";
+  int looked_errno = -1;
+  EXPECT_EQ(read(looked[0], &looked_errno, sizeof looked_errno), static_cast<ssize_t>(sizeof looked_errno));
+  close(looked[0]);
+  waitpid(looker, &status, 0);
+  EXPECT_EQ(looked_errno, ENOENT) << "the lookup cut off by the crash: " << errno_name(looked_errno);
   for (int i = 0; i < kBehind; ++i) {
     const std::string name = "late" + std::to_string(i);
     struct stat st {};
