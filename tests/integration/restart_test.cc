@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -423,6 +424,34 @@ TEST_F(RestartTest, LostWriteIsReportedAtCloseOfEveryDescriptorOpenAtTheTime) {
   ASSERT_TRUE(cluster_->restart());
 }
 
+// A forked child running `body`; the int it returns comes back through `fd` (finish_child).
+struct Child {
+  pid_t pid = -1;
+  int fd = -1;
+};
+Child start_child(const std::function<int()>& body) {
+  int p[2];
+  if (pipe(p) != 0) return {};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(p[0]);
+    const int v = body();
+    _exit(write(p[1], &v, sizeof v) == sizeof v ? 0 : 1);
+  }
+  close(p[1]);
+  if (pid < 0) close(p[0]);
+  return {pid, pid < 0 ? -1 : p[0]};
+}
+// Waits for the child's value and its exit; -1 when it sent none.
+int finish_child(const Child& c) {
+  int v = -1;
+  if (read(c.fd, &v, sizeof v) != static_cast<ssize_t>(sizeof v)) v = -1;
+  close(c.fd);
+  int status = 0;
+  waitpid(c.pid, &status, 0);
+  return v;
+}
+
 // Files the mount created behind a directory lease (client/lib/create_behind.h) whose batch never
 // reached penstock-meta before it crashed are applied by the restarted one: the inode numbers it
 // gave the mount are kept in its database, and the mount sends the batch again.
@@ -447,47 +476,29 @@ TEST(MetaFailoverTest, FilesCreatedBehindSurviveAMetaCrashBeforeTheirBatchIsAppl
   ASSERT_GT(meta, 0) << "no meta pid recorded";
   ASSERT_EQ(kill(meta, SIGSTOP), 0) << errno_name(errno);
   // A lookup on its way to penstock-meta when it dies is sent again to the restarted one.
-  int looked[2];
-  ASSERT_EQ(pipe(looked), 0);
-  const pid_t looker = fork();
-  ASSERT_GE(looker, 0);
-  if (looker == 0) {
-    close(looked[0]);
+  const Child looker = start_child([&] {
     struct stat st {};
-    const int err = stat((cluster.mount_path() + "/nope").c_str(), &st) == 0 ? 0 : errno;
-    _exit(write(looked[1], &err, sizeof err) == sizeof err ? 0 : 1);
-  }
-  close(looked[1]);
+    return stat((cluster.mount_path() + "/nope").c_str(), &st) == 0 ? 0 : errno;
+  });
+  ASSERT_GE(looker.pid, 0) << errno_name(errno);
   constexpr int kBehind = 8;
-  int report[2];
-  ASSERT_EQ(pipe(report), 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    close(report[0]);
-    bool ok = true;
-    for (int i = 0; i < kBehind; ++i) ok = ok && create("late" + std::to_string(i));
-    const char c = ok ? 'y' : 'n';
-    _exit(write(report[1], &c, 1) == 1 ? 0 : 1);
-  }
-  close(report[1]);
-  pollfd pfd{report[0], POLLIN, 0};
+  const Child creator = start_child([&] {
+    for (int i = 0; i < kBehind; ++i) {
+      if (!create("late" + std::to_string(i))) return errno;
+    }
+    return 0;
+  });
+  ASSERT_GE(creator.pid, 0) << errno_name(errno);
+  pollfd pfd{creator.fd, POLLIN, 0};
   const bool answered = poll(&pfd, 1, 3000) == 1;  // by the mount alone: penstock-meta is stopped
   EXPECT_TRUE(answered) << "the creates waited for penstock-meta: they were not made behind a lease";
   ASSERT_TRUE(cluster.restart_meta(/*crash=*/true));
   // Made right after the restart, before the data servers reported: it waits for them.
   EXPECT_TRUE(create("after")) << errno_name(errno);
-  char c = 0;
-  EXPECT_EQ(read(report[0], &c, 1), 1);
-  close(report[0]);
-  int status = 0;
-  waitpid(child, &status, 0);
-  EXPECT_EQ(c, 'y') << "a create failed";
-  int looked_errno = -1;
-  EXPECT_EQ(read(looked[0], &looked_errno, sizeof looked_errno), static_cast<ssize_t>(sizeof looked_errno));
-  close(looked[0]);
-  waitpid(looker, &status, 0);
-  EXPECT_EQ(looked_errno, ENOENT) << "the lookup cut off by the crash: " << errno_name(looked_errno);
+  const int created = finish_child(creator);
+  EXPECT_EQ(created, 0) << "a create failed: " << errno_name(created);
+  const int looked = finish_child(looker);
+  EXPECT_EQ(looked, ENOENT) << "the lookup cut off by the crash: " << errno_name(looked);
   for (int i = 0; i < kBehind; ++i) {
     const std::string name = "late" + std::to_string(i);
     struct stat st {};
