@@ -543,7 +543,8 @@ Status MetaService::wait_for_nodes_locked() {
                                  " has not yet); retry");
 }
 
-std::vector<ChainId> MetaService::usable_chains_locked() const {
+Result<std::vector<ChainId>> MetaService::usable_chains_locked() {
+  PENSTOCK_RETURN_IF_ERROR(wait_for_nodes_locked());
   std::vector<ChainId> usable;
   for (const auto& [id, chain] : chains_) {
     bool ok = !chain.targets.empty();
@@ -553,13 +554,12 @@ std::vector<ChainId> MetaService::usable_chains_locked() const {
     }
     if (ok) usable.push_back(chain.id);
   }
+  if (usable.empty()) return Status(Code::kUnavailable, "no data server is registered and online; start penstock-data");
   return usable;
 }
 
 Result<std::vector<ChainId>> MetaService::pick_chains(uint32_t stripe_count, uint32_t* seed) {
-  PENSTOCK_RETURN_IF_ERROR(wait_for_nodes_locked());
-  const std::vector<ChainId> usable = usable_chains_locked();
-  if (usable.empty()) return Status(Code::kUnavailable, kNoDataServer);
+  PENSTOCK_ASSIGN_OR_RETURN(const std::vector<ChainId> usable, usable_chains_locked());
   size_t n = usable.size();
   size_t stripe = stripe_count == 0 ? n : std::min<size_t>(stripe_count, n);
   size_t start = chain_cursor_++ % n;
@@ -1712,8 +1712,7 @@ Result<pm::CreateBatchResp> MetaService::create_batch(const pm::CreateBatchReq& 
       return Status(Code::kBadHandle, "session " + req.session.to_string() + " is unknown or expired; register a new session");
     }
     // As a whole (the mount sends it again): a refused entry would lose its file for good.
-    PENSTOCK_RETURN_IF_ERROR(wait_for_nodes_locked());
-    if (usable_chains_locked().empty()) return Status(Code::kUnavailable, kNoDataServer);
+    PENSTOCK_RETURN_IF_ERROR(usable_chains_locked().status());
     Txn txn(store_, &used_inodes_, &gc_queue_);
     std::unordered_set<std::string_view> names;  // made in this batch (the store does not show them yet)
     for (const pm::CreateBehind& e : req.entries) {

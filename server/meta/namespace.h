@@ -317,9 +317,9 @@ class MetaService {
   // REQUIRES mu_. kBusy while a restarted server waits for the data servers it knows to report
   // (MetaOptions::node_report_wait_ns); OK once all did or the wait is over.
   Status wait_for_nodes_locked();
-  // REQUIRES mu_. Chains whose every target is online: those new files may use.
-  std::vector<ChainId> usable_chains_locked() const;
-  static constexpr const char* kNoDataServer = "no data server is registered and online; start penstock-data";
+  // REQUIRES mu_. The chains new files may use (every target online), after wait_for_nodes_locked();
+  // kUnavailable when there is none.
+  Result<std::vector<ChainId>> usable_chains_locked();
   // Fresh numbers for `session`'s creates behind: up to `want` (capped), fewer when it holds many.
   Result<std::vector<InodeId>> grant_inodes(SessionId session, uint32_t want);
   void notify_gc(bool queued);
