@@ -195,6 +195,10 @@ int run(const Flags& flags) {
   }
   cv.notify_all();
   expiry.join();
+  // Opens younger than the delay are only in memory: store them, so this restart forgets none.
+  if (Status st = svc.store_opens(); !st.is_ok()) {
+    PENSTOCK_LOG(Error) << "storing the open files before the stop failed: " << st.to_string();
+  }
   gc.stop();
   PENSTOCK_LOG(Info) << "penstock-meta stopped (" << (*store)->wal_syncs() << " group-commit WAL syncs, record cache "
                      << cached.hits() << " hits, " << cached.misses() << " misses)";

@@ -125,18 +125,6 @@ Result<InodeRecord> read_dir_inode(Store* store, InodeId ino) {
   return std::move(*rec);
 }
 
-// True when any session other than `except` has `ino` open.
-Result<bool> has_open(Store* store, InodeId ino, SessionId except) {
-  bool found = false;
-  std::string prefix = schema::open_by_inode_prefix(ino);
-  PENSTOCK_RETURN_IF_ERROR(store->scan(prefix, prefix, [&](std::string_view key, std::string_view) {
-    if (key.size() == prefix.size() + 8 && schema::read_be64(key.substr(prefix.size())) == except.value) return true;
-    found = true;
-    return false;
-  }));
-  return found;
-}
-
 Result<bool> dir_is_empty(Store* store, InodeId ino) {
   bool empty = true;
   std::string prefix = schema::dentry_prefix(ino);
@@ -159,8 +147,15 @@ void set_mtime_ctime(InodeRecord* rec, int64_t now) {
 // everything committed as one atomic store write. REQUIRES: MetaService::mu_ held for its life.
 class MetaService::Txn {
  public:
-  Txn(Store* store, uint64_t* used_inodes, std::set<uint64_t>* gc_queue)
-      : store_(store), used_inodes_(used_inodes), gc_queue_(gc_queue) {}
+  Txn(Store* store, uint64_t* used_inodes, std::set<uint64_t>* gc_queue, OpenTable* opens)
+      : store_(store), used_inodes_(used_inodes), gc_queue_(gc_queue), opens_(opens) {}
+  // What was changed in memory before the commit is put back unless the commit succeeds.
+  ~Txn() {
+    if (committed_) return;
+    for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) (*it)();
+  }
+  Txn(const Txn&) = delete;
+  Txn& operator=(const Txn&) = delete;
 
   // The inode, or nullptr when it does not exist (or was removed in this transaction).
   Result<InodeRecord*> find(InodeId ino) {
@@ -203,6 +198,16 @@ class MetaService::Txn {
   // Queues `ino` for garbage collection (its g/ record must be in batch()); the in-memory queue
   // learns of it once the batch is applied.
   void queue_gc(InodeId ino) { gc_added_.push_back(ino.value); }
+  // Opens `ino` for `session` once the batch is applied (a create with its open).
+  void open_after_commit(SessionId session, InodeId ino, int64_t now) { opened_.push_back({session, ino, now}); }
+  // Takes back `times` opens of `ino` by `session` now, and gives them back unless this commits.
+  uint32_t release_open(SessionId session, InodeId ino, uint32_t times, int64_t now) {
+    const uint32_t before = opens_->count(session, ino);
+    const uint32_t left = opens_->drop(session, ino, times, now);
+    if (before > left) undo_on_failure([this, session, ino, n = before - left, now] { opens_->add(session, ino, now, n); });
+    return left;
+  }
+  void undo_on_failure(std::function<void()> undo) { undo_.push_back(std::move(undo)); }
 
   Status commit() {
     for (auto& [ino, e] : cache_) {
@@ -214,10 +219,13 @@ class MetaService::Txn {
     }
     uint64_t used = *used_inodes_ + static_cast<uint64_t>(used_delta_);
     if (used_delta_ != 0) batch_.put(std::string(schema::kUsedInodes), u64_record(used));
-    if (batch_.empty()) return Status::ok();
-    PENSTOCK_RETURN_IF_ERROR(store_->apply(batch_));
-    *used_inodes_ = used;
-    gc_queue_->insert(gc_added_.begin(), gc_added_.end());
+    if (!batch_.empty()) {
+      PENSTOCK_RETURN_IF_ERROR(store_->apply(batch_));
+      *used_inodes_ = used;
+      gc_queue_->insert(gc_added_.begin(), gc_added_.end());
+    }
+    for (const Opened& o : opened_) opens_->add(o.session, o.ino, o.now);
+    committed_ = true;
     return Status::ok();
   }
 
@@ -227,9 +235,18 @@ class MetaService::Txn {
     bool dirty = false;
     bool removed = false;
   };
+  struct Opened {
+    SessionId session;
+    InodeId ino;
+    int64_t now;
+  };
   Store* store_;
   uint64_t* used_inodes_;
   std::set<uint64_t>* gc_queue_;
+  OpenTable* opens_;
+  std::vector<Opened> opened_;
+  std::vector<std::function<void()>> undo_;
+  bool committed_ = false;
   std::vector<uint64_t> gc_added_;
   int64_t used_delta_ = 0;
   std::map<uint64_t, Entry> cache_;
@@ -345,6 +362,21 @@ Status MetaService::load() {
     return true;
   }));
   for (const auto& [session, inos] : granted) dir_leases_.give_inodes(SessionId(session), inos);
+
+  // Opens the store holds: those of orphans, and those held longer than the delay before a stop.
+  Status bad_open;
+  PENSTOCK_RETURN_IF_ERROR(store_->scan(schema::kOpenPrefix, "", [&](std::string_view key, std::string_view value) {
+    const size_t at = schema::kOpenPrefix.size();
+    if (key.size() != at + 16) return true;
+    auto rec = schema::decode_record<schema::OpenRecord>(value, "open record");
+    if (!rec.has_value()) {
+      bad_open = rec.error();
+      return false;
+    }
+    opens_.load(SessionId(schema::read_be64(key.substr(at))), InodeId(schema::read_be64(key.substr(at + 8))), rec->count);
+    return true;
+  }));
+  PENSTOCK_RETURN_IF_ERROR(bad_open);
 
   PENSTOCK_RETURN_IF_ERROR(store_->scan(schema::kGcPrefix, "", [&](std::string_view key, std::string_view) {
     if (key.size() == schema::kGcPrefix.size() + 8) gc_queue_.insert(schema::read_be64(key.substr(schema::kGcPrefix.size())));
@@ -601,21 +633,15 @@ Result<pm::HeartbeatResp> MetaService::heartbeat(const pm::SessionReq& req) {
 }
 
 Status MetaService::drop_opens_of_session(SessionId session, bool* queued_gc) {
-  std::vector<InodeId> inos;
-  std::string prefix = schema::open_prefix(session);
-  PENSTOCK_RETURN_IF_ERROR(store_->scan(prefix, prefix, [&](std::string_view key, std::string_view) {
-    if (key.size() == prefix.size() + 8) inos.emplace_back(schema::read_be64(key.substr(prefix.size())));
-    return true;
-  }));
-  Txn txn(store_, &used_inodes_, &gc_queue_);
+  const std::vector<InodeId> inos = opens_.inodes_of(session);
+  Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
   int64_t now = options_.now();
   for (InodeId ino : inos) {
-    txn.batch().del(schema::open_key(session, ino));
-    txn.batch().del(schema::open_by_inode_key(ino, session));
+    txn.undo_on_failure([this, session, ino, n = opens_.count(session, ino), now] { opens_.add(session, ino, now, n); });
   }
+  opens_.drop_session(session, &txn.batch());
   for (InodeId ino : inos) {
-    PENSTOCK_ASSIGN_OR_RETURN(bool other, has_open(store_, ino, session));
-    if (other) continue;
+    if (opens_.has_other(ino, session)) continue;
     PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.find(ino));
     if (rec != nullptr && rec->attr.nlink == 0) {
       PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *rec, now, queued_gc));
@@ -761,7 +787,7 @@ Result<pm::AttrResp> MetaService::make_node_applied(InodeId parent_ino, const st
   if (session.valid() && !session_alive(session)) {
     return Status(Code::kBadHandle, "session " + session.to_string() + " is unknown or expired; register a new session");
   }
-  Txn txn(store_, &used_inodes_, &gc_queue_);
+  Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
   PENSTOCK_ASSIGN_OR_RETURN(pm::AttrResp resp,
                             make_node_in(txn, parent_ino, name, mode, rdev, caller, session, symlink_target, ino, now));
   PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("create " + quoted(name) + " in directory " + parent_ino.to_string()));
@@ -816,10 +842,7 @@ Result<pm::AttrResp> MetaService::make_node_in(Txn& txn, InodeId parent_ino, con
   set_mtime_ctime(parent, now);
   txn.dirty(parent);
   txn.batch().put(schema::dentry_key(parent_ino, name), schema::encode_record(DentryRecord{ino, type}));
-  if (session.valid()) {
-    txn.batch().put(schema::open_key(session, ino), schema::encode_record(schema::OpenRecord{1}));
-    txn.batch().put(schema::open_by_inode_key(ino, session), "");
-  }
+  if (session.valid()) txn.open_after_commit(session, ino, now);
   pm::AttrResp resp{rec.attr};
   resp.parent = parent->attr;
   txn.add(std::move(rec));
@@ -891,8 +914,11 @@ Status MetaService::drop_link(Txn& txn, InodeRecord& rec, int64_t now, bool* que
   rec.attr.ctime_ns = now;
   txn.dirty(&rec);
   if (rec.attr.nlink > 0) return Status::ok();
-  PENSTOCK_ASSIGN_OR_RETURN(bool open, has_open(store_, rec.attr.ino, SessionId()));
-  if (open) {
+  if (opens_.has_other(rec.attr.ino, SessionId())) {
+    // Its opens must survive a crash as long as this unlink does: they go in the same batch.
+    // (Should the batch fail, the table takes them as stored; they are then only written when
+    // they change, which only loses them to a crash, as any open younger than the delay.)
+    opens_.store_inode(rec.attr.ino, &txn.batch());
     txn.batch().put(schema::orphan_key(rec.attr.ino), "");
     return Status::ok();
   }
@@ -905,7 +931,7 @@ Status MetaService::unlink_applied(const pm::NameReq& req) {
   {
     std::lock_guard lock(mu_);
     int64_t now = options_.now();
-    Txn txn(store_, &used_inodes_, &gc_queue_);
+    Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
     PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * parent, txn.need_dir(req.parent));
     PENSTOCK_ASSIGN_OR_RETURN(auto d, read_dentry(store_, req.parent, req.name));
     if (!d.has_value()) return Status(Code::kNotFound, "no entry " + quoted(req.name) + " in directory " + req.parent.to_string());
@@ -925,7 +951,7 @@ Status MetaService::rmdir_applied(const pm::NameReq& req, InodeId checked_victim
   PENSTOCK_RETURN_IF_ERROR(validate_name(req.name));
   std::lock_guard lock(mu_);
   int64_t now = options_.now();
-  Txn txn(store_, &used_inodes_, &gc_queue_);
+  Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
   PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * parent, txn.need_dir(req.parent));
   PENSTOCK_ASSIGN_OR_RETURN(auto d, read_dentry(store_, req.parent, req.name));
   if (!d.has_value()) return Status(Code::kNotFound, "no entry " + quoted(req.name) + " in directory " + req.parent.to_string());
@@ -968,7 +994,7 @@ Status MetaService::rename_applied(const pm::RenameReq& req, InodeId checked_vic
   {
     std::lock_guard lock(mu_);
     int64_t now = options_.now();
-    Txn txn(store_, &used_inodes_, &gc_queue_);
+    Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
     PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * p, txn.need_dir(req.parent));
     PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * np, txn.need_dir(req.new_parent));
     PENSTOCK_ASSIGN_OR_RETURN(auto sd, read_dentry(store_, req.parent, req.name));
@@ -1064,7 +1090,7 @@ Result<pm::AttrResp> MetaService::link_applied(const pm::LinkReq& req) {
   PENSTOCK_RETURN_IF_ERROR(validate_name(req.new_name));
   std::lock_guard lock(mu_);
   int64_t now = options_.now();
-  Txn txn(store_, &used_inodes_, &gc_queue_);
+  Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
   PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.need(req.ino));
   if (is_dir(rec->attr.mode)) return Status(Code::kNotPermitted, "cannot make a hard link to a directory");
   if (rec->attr.nlink == 0) return Status(Code::kNotFound, "inode " + req.ino.to_string() + " was unlinked");
@@ -1093,7 +1119,7 @@ Result<pm::AttrResp> MetaService::set_attr_applied(const pm::SetAttrReq& req) {
   }
   std::lock_guard lock(mu_);
   int64_t now = options_.now();
-  Txn txn(store_, &used_inodes_, &gc_queue_);
+  Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
   PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.need(req.ino));
   auto& a = rec->attr;
   if ((req.valid & pm::kSetSize) != 0) {
@@ -1128,7 +1154,7 @@ Result<pm::AttrResp> MetaService::set_attr_applied(const pm::SetAttrReq& req) {
 Result<pm::AttrResp> MetaService::report_size_applied(const pm::ReportSizeReq& req) {
   std::lock_guard lock(mu_);
   int64_t now = options_.now();
-  Txn txn(store_, &used_inodes_, &gc_queue_);
+  Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
   PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.need(req.ino));
   if (is_dir(rec->attr.mode)) return Status(Code::kIsDir, "inode " + req.ino.to_string() + " is a directory");
   if (!is_reg(rec->attr.mode)) return Status(Code::kInvalid, "inode " + req.ino.to_string() + " is not a regular file");
@@ -1153,7 +1179,7 @@ Status MetaService::set_xattr_applied(const pm::SetXattrReq& req) {
     return Status(Code::kRange, "xattr value of " + std::to_string(req.value.size()) + " bytes is larger than 64 KiB");
   }
   std::lock_guard lock(mu_);
-  Txn txn(store_, &used_inodes_, &gc_queue_);
+  Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
   PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.need(req.ino));
   std::string key = schema::xattr_key(req.ino, req.name);
   PENSTOCK_ASSIGN_OR_RETURN(auto existing, store_->get(key));
@@ -1172,7 +1198,7 @@ Status MetaService::set_xattr_applied(const pm::SetXattrReq& req) {
 Status MetaService::remove_xattr_applied(const pm::GetXattrReq& req) {
   PENSTOCK_RETURN_IF_ERROR(validate_xattr_name(req.name));
   std::lock_guard lock(mu_);
-  Txn txn(store_, &used_inodes_, &gc_queue_);
+  Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
   PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.need(req.ino));
   std::string key = schema::xattr_key(req.ino, req.name);
   PENSTOCK_ASSIGN_OR_RETURN(auto existing, store_->get(key));
@@ -1190,18 +1216,18 @@ Result<pm::AttrResp> MetaService::open_file_applied(const pm::OpenReq& req, bool
   }
   PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store_, req.ino));
   if (!rec.has_value()) return Status(Code::kNotFound, "inode " + req.ino.to_string() + " does not exist");
-  std::string key = schema::open_key(req.session, req.ino);
-  PENSTOCK_ASSIGN_OR_RETURN(auto v, store_->get(key));
-  schema::OpenRecord open;
-  if (v.has_value()) {
-    PENSTOCK_ASSIGN_OR_RETURN(open, schema::decode_record<schema::OpenRecord>(*v, "open record"));
-  }
-  open.count += 1;
-  WriteBatch batch;
-  batch.put(key, schema::encode_record(open));
-  batch.put(schema::open_by_inode_key(req.ino, req.session), "");
-  PENSTOCK_RETURN_IF_ERROR(store_->apply(batch).with_context("open inode " + req.ino.to_string()));
+  const int64_t now = options_.now();
+  opens_.add(req.session, req.ino, now);
   *orphan = rec->attr.nlink == 0;
+  WriteBatch batch;
+  if (*orphan) opens_.store_inode(req.ino, &batch);  // opened by inode after its unlink: kept at once
+  opens_.flush_aged(now, options_.open_store_delay_ns, &batch);
+  if (!batch.empty()) {
+    if (Status st = store_->apply(batch); !st.is_ok()) {
+      opens_.drop(req.session, req.ino, 1, now);
+      return st.with_context("open inode " + req.ino.to_string());
+    }
+  }
   return pm::AttrResp{rec->attr};
 }
 
@@ -1209,24 +1235,13 @@ Result<pm::AttrResp> MetaService::open_file_applied(const pm::OpenReq& req, bool
 // no other session has open. A missing open record is fine (idempotent, e.g. an expired session).
 // REQUIRES: mu_ held; no other release of the same (session, ino) pending in `txn`.
 Status MetaService::release_in(Txn& txn, SessionId session, InodeId ino, uint32_t times, bool* queued) {
-  std::string key = schema::open_key(session, ino);
-  PENSTOCK_ASSIGN_OR_RETURN(auto v, store_->get(key));
-  if (!v.has_value()) return Status::ok();
-  PENSTOCK_ASSIGN_OR_RETURN(auto open, schema::decode_record<schema::OpenRecord>(*v, "open record"));
-  if (open.count > times) {
-    open.count -= times;
-    txn.batch().put(key, schema::encode_record(open));
-    return Status::ok();
-  }
-  txn.batch().del(key);
-  txn.batch().del(schema::open_by_inode_key(ino, session));
-  // Only the last close of an unlinked file does more; the inode is one cached read, the scan for
-  // other sessions' opens an iterator, so the scan comes second (every close of a linked file).
+  const int64_t now = options_.now();
+  if (txn.release_open(session, ino, times, now) > 0 || opens_.has_other(ino, session)) return Status::ok();
+  // Only the last close of an unlinked file does more: its open records go with it.
   PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.find(ino));
   if (rec == nullptr || rec->attr.nlink != 0) return Status::ok();
-  PENSTOCK_ASSIGN_OR_RETURN(bool other, has_open(store_, ino, session));
-  if (other) return Status::ok();
-  PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *rec, options_.now(), queued));
+  opens_.store_inode(ino, &txn.batch());
+  PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *rec, now, queued));
   return Status::ok();
 }
 
@@ -1234,8 +1249,9 @@ Status MetaService::release_applied(const pm::ReleaseReq& req) {
   bool queued = false;
   {
     std::lock_guard lock(mu_);
-    Txn txn(store_, &used_inodes_, &gc_queue_);
+    Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
     PENSTOCK_RETURN_IF_ERROR(release_in(txn, req.session, req.ino, 1, &queued));
+    opens_.flush_aged(options_.now(), options_.open_store_delay_ns, &txn.batch());
     PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("release inode " + req.ino.to_string()));
   }
   notify_gc(queued);
@@ -1251,12 +1267,15 @@ Status MetaService::release_many_applied(const pm::ReleaseManyReq& req) {
   Status st;
   {
     std::lock_guard lock(mu_);
-    Txn txn(store_, &used_inodes_, &gc_queue_);
+    Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
     for (const auto& [ino, n] : times) {
       st = release_in(txn, req.session, InodeId(ino), n, &queued);
       if (!st.is_ok()) break;
     }
-    if (st.is_ok()) st = txn.commit().with_context("release " + std::to_string(times.size()) + " inodes");
+    if (st.is_ok()) {
+      opens_.flush_aged(options_.now(), options_.open_store_delay_ns, &txn.batch());
+      st = txn.commit().with_context("release " + std::to_string(times.size()) + " inodes");
+    }
   }
   if (st.is_ok()) {
     notify_gc(queued);
@@ -1273,7 +1292,7 @@ Status MetaService::release_many_applied(const pm::ReleaseManyReq& req) {
 Status MetaService::set_layout_applied(const pm::SetLayoutReq& req) {
   PENSTOCK_RETURN_IF_ERROR(layout::validate_chunk_size(req.chunk_size));
   std::lock_guard lock(mu_);
-  Txn txn(store_, &used_inodes_, &gc_queue_);
+  Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
   PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.need_dir(req.ino));
   rec->attr.layout.chunk_size = req.chunk_size;
   rec->attr.layout.stripe_count = req.stripe_count;
@@ -1451,6 +1470,13 @@ Result<pm::HeartbeatResp> MetaService::node_heartbeat_applied(const pm::NodeHear
 // ---------------------------------------------------------------------------------------------
 // Maintenance and GC support
 
+Status MetaService::store_opens() {
+  std::lock_guard lock(mu_);
+  WriteBatch batch;
+  if (!opens_.flush_aged(options_.now(), 0, &batch)) return Status::ok();
+  return store_->apply(batch).with_context("store open records");
+}
+
 Status MetaService::expire_applied() {
   bool queued = false;
   Status first;
@@ -1470,6 +1496,10 @@ Status MetaService::expire_applied() {
       sessions_.erase(id);
       dir_leases_.drop_session(SessionId(id));
       PENSTOCK_LOG(Info) << "session " << id << " expired (no heartbeat within the lease); its opens were dropped";
+    }
+    WriteBatch aged;
+    if (opens_.flush_aged(now, options_.open_store_delay_ns, &aged)) {
+      if (Status st = store_->apply(aged); !st.is_ok() && first.is_ok()) first = st.with_context("store open records");
     }
     std::vector<uint64_t> offline;
     for (const auto& [id, n] : nodes_) {
@@ -1713,7 +1743,7 @@ Result<pm::CreateBatchResp> MetaService::create_batch(const pm::CreateBatchReq& 
     }
     // As a whole (the mount sends it again): a refused entry would lose its file for good.
     PENSTOCK_RETURN_IF_ERROR(usable_chains_locked().status());
-    Txn txn(store_, &used_inodes_, &gc_queue_);
+    Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
     std::unordered_set<std::string_view> names;  // made in this batch (the store does not show them yet)
     for (const pm::CreateBehind& e : req.entries) {
       pm::CreateResult r;
@@ -1836,12 +1866,12 @@ Result<pm::AttrResp> MetaService::report_size_at_close(const pm::ReportSizeReq& 
 Status MetaService::sync_log() { return durable(Status::ok()); }
 Status MetaService::set_xattr(const pm::SetXattrReq& req) { return durable(set_xattr_applied(req)); }
 Status MetaService::remove_xattr(const pm::GetXattrReq& req) { return durable(remove_xattr_applied(req)); }
-// Opens and releases are the hot path of every file read and are not synced: the WAL is replayed
-// as a prefix, so a crash that keeps the unlink that orphans a file keeps every open applied
-// before it, and only such an orphan's open records keep chunks alive. An open of a file that is
-// already an orphan (opened by inode after its unlink) is therefore synced. A release lost in a
-// crash only keeps an orphan until its session ends; the collector syncs before it removes
-// anything. docs/meta-store.md "Durability".
+// Opens and releases are the hot path of every file read: they live in memory (OpenTable) and are
+// not synced. Only an orphan's opens keep chunks alive, and the unlink that orphans a file writes
+// them in its own batch, so a crash that keeps the unlink keeps them. An open of a file that is
+// already an orphan (opened by inode after its unlink) is therefore written at once and synced. A
+// release lost in a crash only keeps an orphan until its session ends; the collector syncs before
+// it removes anything. docs/meta-store.md "Durability" and "Open records".
 Result<pm::AttrResp> MetaService::open_file(const pm::OpenReq& req) {
   bool orphan = false;
   auto r = open_file_applied(req, &orphan);

@@ -34,6 +34,7 @@
 #include "common/proto/meta_service.h"
 #include "server/meta/dir_leases.h"
 #include "server/meta/entry_leases.h"
+#include "server/meta/open_table.h"
 #include "server/meta/schema.h"
 #include "server/meta/store.h"
 
@@ -57,6 +58,9 @@ struct MetaOptions {
   // (the default here, for tests) waits for none; the daemon uses kDefaultNodeReportWaitNs.
   int64_t node_report_wait_ns = 0;
   uint64_t inode_batch = 1024;                // inode numbers reserved per persisted counter write
+  // An open still held this long after it changed is written to the store (server/meta/open_table.h);
+  // one closed sooner never is. 0 writes each open and close at once, as before.
+  int64_t open_store_delay_ns = 100'000'000;
   NowFn now = system_now_ns;
   uint64_t seed = 0;                          // chain selection randomness; 0: from std::random_device
   // Directory entry leases (server/meta/entry_leases.h); term 0 (the default here, for tests
@@ -188,9 +192,12 @@ class MetaService {
   Result<pm::HeartbeatResp> node_heartbeat(const pm::NodeHeartbeatReq& req);
 
   // ---- maintenance (the daemon calls these from its own threads) ----
-  // Expires sessions whose lease passed (dropping their opens), marks nodes offline whose last
-  // heartbeat is older than node_timeout, and forgets entry leases that have ended. Returns the first store error (and goes on with others).
+  // Expires sessions whose lease passed (dropping their opens), writes the opens held longer than
+  // open_store_delay_ns, marks nodes offline whose last heartbeat is older than node_timeout, and
+  // forgets entry leases that have ended. Returns the first store error (and goes on with others).
   Status expire();
+  // Writes every open the store does not hold yet (a clean stop calls it, so a restart keeps them).
+  Status store_opens();
   // Up to `max` queued GC jobs in inode order, starting after `after`.
   Result<std::vector<GcTask>> gc_pending(InodeId after, size_t max);
   // The job of `ino` is done: deletes its queue entry. Applied but not synced (the one mutation
@@ -326,6 +333,7 @@ class MetaService {
 
   Store* store_;
   MetaOptions options_;
+  OpenTable opens_;  // under mu_
   EntryLeases leases_;  // its own lock; never taken under mu_
   DirLeases dir_leases_;  // its own lock, a leaf: taken under mu_ by drop_session and create_batch
 
