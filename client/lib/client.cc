@@ -224,6 +224,9 @@ void Client::heartbeat_loop() {
         if (!st.is_ok()) {
           PENSTOCK_LOG(Warn) << "cluster map refresh failed: " << st.to_string();
         }
+        // Every start of penstock-meta bumps the version (so do node changes: sending again
+        // then costs one call and changes nothing).
+        reclaim_opens();
       }
       continue;
     }
@@ -394,6 +397,7 @@ Result<proto::InodeAttr> Client::create(InodeId parent, const std::string& name,
         std::lock_guard<std::mutex> lock(opened_mu_);
         opened_[a->ino] = OpenedVersion{a->generation, a->mtime_ns};
       }
+      count_open(a->ino);
       note_no_caps(a->ino);
       // The parent's cached attributes stay as they are (its mtime may lag up to their age).
       return *a;
@@ -403,6 +407,7 @@ Result<proto::InodeAttr> Client::create(InodeId parent, const std::string& name,
   // The name may exist after a failure too (kExists, a lost reply): a lease's list keeps it.
   if (cb_ != nullptr && !r.has_value()) cb_->added(parent, name);
   if (r.has_value()) {
+    count_open(r->ino);
     if (cb_ != nullptr) cb_->created_sync(parent, name, r->ino);
     {
       std::lock_guard<std::mutex> lock(opened_mu_);
@@ -538,6 +543,7 @@ Result<proto::InodeAttr> Client::open(InodeId ino, uint32_t flags, bool* unchang
   prefetch_small_file(ino, flags);
   auto r = attr_call<meta::Open>(meta::OpenReq{ino, session(), flags});
   if (!r.has_value()) return r;
+  count_open(ino);
   // Close-to-open: cached blocks of an older generation go now.
   cache_->set_generation(ino, r->generation);
   bool same = false;
@@ -1447,6 +1453,7 @@ Status Client::release(InodeId ino, bool flush_writes, WriteCursor* cursor) {
     written = files_.count(ino) != 0;
   }
   Status flushed = flush_writes ? flush(ino, cursor) : Status::ok();
+  count_release(ino);
   if (cb_ != nullptr) {
     // A file created behind and closed before its create was sent is sent closed: nothing to release.
     if (cb_->closed_before_sent(ino)) return flushed;
@@ -1488,6 +1495,42 @@ void Client::release_loop() {
     send_releases(std::move(batch));
     lock.lock();
   }
+}
+
+void Client::count_open(InodeId ino) {
+  std::lock_guard<std::mutex> lock(open_counts_mu_);
+  ++open_counts_[ino.value];
+}
+
+void Client::count_release(InodeId ino) {
+  std::lock_guard<std::mutex> lock(open_counts_mu_);
+  auto it = open_counts_.find(ino.value);
+  if (it == open_counts_.end()) return;
+  if (--it->second == 0) open_counts_.erase(it);
+}
+
+void Client::reclaim_opens() {
+  std::vector<meta::OpenCount> all;
+  {
+    std::lock_guard<std::mutex> lock(open_counts_mu_);
+    all.reserve(open_counts_.size());
+    for (const auto& [ino, n] : open_counts_) all.push_back(meta::OpenCount{InodeId(ino), n});
+  }
+  const SessionId sid = session();
+  size_t at = 0;
+  do {  // at least one call: an empty list with `last` still tells the server we are done
+    const size_t n = std::min(all.size() - at, meta::kMaxReclaimBatch);
+    meta::ReclaimOpensReq req{sid, {all.begin() + static_cast<std::ptrdiff_t>(at), all.begin() + static_cast<std::ptrdiff_t>(at + n)},
+                              at + n == all.size()};
+    at += n;
+    auto r = meta_->call<meta::ReclaimOpens>(req);
+    if (!r.has_value()) {
+      PENSTOCK_LOG(Warn) << "sending the " << all.size() << " open file(s) of session " << sid.value
+                         << " to the meta server failed: " << r.error().to_string()
+                         << " (after a crash of penstock-meta, a file this mount has open and another unlinks may lose its data)";
+      return;
+    }
+  } while (at < all.size());
 }
 
 void Client::send_releases(std::vector<InodeId> inos) {

@@ -292,6 +292,12 @@ class Client {
   void heartbeat_loop();
   void release_loop();
   void send_releases(std::vector<InodeId> inos);
+  // The meta server's map version moved (every start bumps it): tells it how many times this
+  // mount has each file open, since a restarted server may have forgotten opens it had not yet
+  // written (proto ReclaimOpensReq).
+  void reclaim_opens();
+  void count_open(InodeId ino);
+  void count_release(InodeId ino);
   Status refresh_map();
   std::shared_ptr<const ClusterRoutes> routes() const;
   Result<std::shared_ptr<rpc::RpcClient>> data_client(const std::string& address);
@@ -397,6 +403,8 @@ class Client {
     uint64_t generation = 0;
     int64_t mtime_ns = 0;
   };
+  std::mutex open_counts_mu_;  // leaf lock
+  std::unordered_map<uint64_t, uint32_t> open_counts_;  // ino -> handles open at the meta server
   std::mutex opened_mu_;  // leaf lock
   std::unordered_map<InodeId, OpenedVersion> opened_;  // last open of each inode; guarded
   // Small regular files (one cache block) as the last lookup saw them: a read-only open of one

@@ -165,6 +165,20 @@ struct ReleaseReq { InodeId ino; SessionId session; PENSTOCK_FIELDS(ino, session
 // most kMaxReleaseBatch (kInvalid beyond).
 inline constexpr size_t kMaxReleaseBatch = 1024;
 struct ReleaseManyReq { SessionId session; std::vector<InodeId> inos; PENSTOCK_FIELDS(session, inos); };
+// A restarted penstock-meta knows only the opens its store kept (docs/meta-store.md, "Open
+// records"). A mount that sees a new map version (every start bumps it) sends how many times it
+// has each file open; the server keeps the larger of that and its own count. Until every session
+// it found at start has sent its list with `last` set (or ended), or one session lease has
+// passed, it finalizes no unlinked file, which an open it forgot may still hold. At most
+// kMaxReclaimBatch opens per call (kInvalid beyond; send several, `last` on the final one).
+inline constexpr size_t kMaxReclaimBatch = 4096;
+struct OpenCount { InodeId ino; uint32_t count = 0; PENSTOCK_FIELDS(ino, count); };
+struct ReclaimOpensReq {
+  SessionId session;
+  std::vector<OpenCount> opens;
+  bool last = true;
+  PENSTOCK_FIELDS(session, opens, last);
+};
 // A client reports the end of what it wrote: size becomes max(size, `size`), mtime is set.
 // ReportSize replies once the change is durable (fsync); ReportSizeAtClose once it is applied and
 // visible to every client (close-to-open), durable within the server's --close-sync-ms like the
@@ -255,6 +269,7 @@ PENSTOCK_METHOD(ReportSizeAtClose, ServiceId::kMeta, 44, ReportSizeReq, AttrResp
 PENSTOCK_METHOD(SyncLog, ServiceId::kMeta, 45, Empty, Empty);
 PENSTOCK_METHOD(DropCaches, ServiceId::kMeta, 46, Empty, DropCachesResp);
 PENSTOCK_METHOD(Scrub, ServiceId::kMeta, 47, ScrubReq, ScrubResp);
+PENSTOCK_METHOD(ReclaimOpens, ServiceId::kMeta, 48, ReclaimOpensReq, Empty);
 PENSTOCK_METHOD(GetLayout, ServiceId::kMeta, 50, InodeReq, LayoutResp);
 PENSTOCK_METHOD(SetLayout, ServiceId::kMeta, 51, SetLayoutReq, Empty);
 PENSTOCK_METHOD(GetClusterMap, ServiceId::kMeta, 60, Empty, ClusterMapResp);

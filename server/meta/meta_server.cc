@@ -68,6 +68,8 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
                  kInline);
   server.handle<pm::Release>([&svc](const pm::ReleaseReq& r, RequestContext&) { return empty_or(svc.release(r)); },
                  kInline);
+  server.handle<pm::ReclaimOpens>(
+      [&svc](const pm::ReclaimOpensReq& r, RequestContext&) { return empty_or(svc.reclaim_opens(r)); });
   server.handle<pm::ReleaseMany>(
       [&svc](const pm::ReleaseManyReq& r, RequestContext&) { return empty_or(svc.release_many(r)); }, kInline);
   server.handle<pm::ReportSize>([&svc](const pm::ReportSizeReq& r, RequestContext&) { return svc.report_size(r); });

@@ -152,6 +152,7 @@ class MetaService::Txn {
   // What was changed in memory before the commit is put back unless the commit succeeds.
   ~Txn() {
     if (committed_) return;
+    opens_->written_dropped();
     for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) (*it)();
   }
   Txn(const Txn&) = delete;
@@ -208,6 +209,7 @@ class MetaService::Txn {
     return left;
   }
   void undo_on_failure(std::function<void()> undo) { undo_.push_back(std::move(undo)); }
+  void after_commit(std::function<void()> done) { done_.push_back(std::move(done)); }
 
   Status commit() {
     for (auto& [ino, e] : cache_) {
@@ -224,7 +226,9 @@ class MetaService::Txn {
       *used_inodes_ = used;
       gc_queue_->insert(gc_added_.begin(), gc_added_.end());
     }
+    opens_->written_applied();
     for (const Opened& o : opened_) opens_->add(o.session, o.ino, o.now);
+    for (auto& done : done_) done();
     committed_ = true;
     return Status::ok();
   }
@@ -246,6 +250,7 @@ class MetaService::Txn {
   OpenTable* opens_;
   std::vector<Opened> opened_;
   std::vector<std::function<void()>> undo_;
+  std::vector<std::function<void()>> done_;
   bool committed_ = false;
   std::vector<uint64_t> gc_added_;
   int64_t used_delta_ = 0;
@@ -373,10 +378,29 @@ Status MetaService::load() {
       bad_open = rec.error();
       return false;
     }
-    opens_.load(SessionId(schema::read_be64(key.substr(at))), InodeId(schema::read_be64(key.substr(at + 8))), rec->count);
+    const SessionId session(schema::read_be64(key.substr(at)));
+    const InodeId ino(schema::read_be64(key.substr(at + 8)));
+    if (sessions_.count(session.value) == 0) {
+      // Its session is gone (a close whose deletes a crash took back): nobody holds this open.
+      batch.del(std::string(key));
+      batch.del(schema::open_by_inode_key(ino, session));
+      return true;
+    }
+    opens_.load(session, ino, rec->count);
     return true;
   }));
   PENSTOCK_RETURN_IF_ERROR(bad_open);
+  // Opens younger than the delay died with the last run: until the sessions it knew have sent
+  // theirs (reclaim_opens) or one lease has passed, unlinked files wait as orphans. An orphan
+  // with no open known (left by such a wait that a crash cut short) waits for the same end.
+  for (const auto& [id, state] : sessions_) unreclaimed_.insert(id);
+  reclaim_until_ns_ = now + options_.session_lease_ns;
+  PENSTOCK_RETURN_IF_ERROR(store_->scan(schema::kOrphanPrefix, "", [&](std::string_view key, std::string_view) {
+    if (key.size() != schema::kOrphanPrefix.size() + 8) return true;
+    const InodeId ino(schema::read_be64(key.substr(schema::kOrphanPrefix.size())));
+    if (!opens_.has_other(ino, SessionId())) grace_orphans_.insert(ino.value);
+    return true;
+  }));
 
   PENSTOCK_RETURN_IF_ERROR(store_->scan(schema::kGcPrefix, "", [&](std::string_view key, std::string_view) {
     if (key.size() == schema::kGcPrefix.size() + 8) gc_queue_.insert(schema::read_be64(key.substr(schema::kGcPrefix.size())));
@@ -641,9 +665,10 @@ Status MetaService::drop_opens_of_session(SessionId session, bool* queued_gc) {
   }
   opens_.drop_session(session, &txn.batch());
   for (InodeId ino : inos) {
-    if (opens_.has_other(ino, session)) continue;
+    if (opens_.has_other(ino, session) || waits_for_reclaim_locked(ino, now)) continue;
     PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.find(ino));
     if (rec != nullptr && rec->attr.nlink == 0) {
+      opens_.store_inode(ino, &txn.batch());  // other sessions' closed opens still in the store
       PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *rec, now, queued_gc));
     }
   }
@@ -661,6 +686,7 @@ Status MetaService::close_session_applied(const pm::SessionReq& req) {
     }
     PENSTOCK_RETURN_IF_ERROR(drop_opens_of_session(req.session, &queued).with_context("close session " + req.session.to_string()));
     sessions_.erase(req.session.value);
+    unreclaimed_.erase(req.session.value);
     dir_leases_.drop_session(req.session);
     PENSTOCK_LOG(Info) << "session " << req.session.value << " closed";
   }
@@ -914,12 +940,15 @@ Status MetaService::drop_link(Txn& txn, InodeRecord& rec, int64_t now, bool* que
   rec.attr.ctime_ns = now;
   txn.dirty(&rec);
   if (rec.attr.nlink > 0) return Status::ok();
-  if (opens_.has_other(rec.attr.ino, SessionId())) {
+  const bool open = opens_.has_other(rec.attr.ino, SessionId());
+  // A session this server found at its start may hold an open the last run's crash made it
+  // forget: while it has not sent its opens (reclaim_opens), the file waits as an orphan.
+  const bool wait = !is_dir(rec.attr.mode) && reclaim_grace_locked(now);
+  if (open || wait) {
     // Its opens must survive a crash as long as this unlink does: they go in the same batch.
-    // (Should the batch fail, the table takes them as stored; they are then only written when
-    // they change, which only loses them to a crash, as any open younger than the delay.)
-    opens_.store_inode(rec.attr.ino, &txn.batch());
+    if (open) opens_.store_inode(rec.attr.ino, &txn.batch());
     txn.batch().put(schema::orphan_key(rec.attr.ino), "");
+    if (wait) txn.after_commit([this, ino = rec.attr.ino.value] { grace_orphans_.insert(ino); });
     return Status::ok();
   }
   return finalize_inode(txn, rec, now, queued_gc);
@@ -1224,23 +1253,28 @@ Result<pm::AttrResp> MetaService::open_file_applied(const pm::OpenReq& req, bool
   opens_.flush_aged(now, options_.open_store_delay_ns, &batch);
   if (!batch.empty()) {
     if (Status st = store_->apply(batch); !st.is_ok()) {
+      opens_.written_dropped();
       opens_.drop(req.session, req.ino, 1, now);
       return st.with_context("open inode " + req.ino.to_string());
     }
+    opens_.written_applied();
   }
   return pm::AttrResp{rec->attr};
 }
 
 // Drops `times` opens of `ino` by `session` in `txn`; the last one finalizes an unlinked inode that
-// no other session has open. A missing open record is fine (idempotent, e.g. an expired session).
+// no other session has open. An open the session does not hold is nothing to release (a repeated
+// release, an expired session).
 // REQUIRES: mu_ held; no other release of the same (session, ino) pending in `txn`.
 Status MetaService::release_in(Txn& txn, SessionId session, InodeId ino, uint32_t times, bool* queued) {
   const int64_t now = options_.now();
+  if (opens_.count(session, ino) == 0) return Status::ok();  // not open: nothing to release
   if (txn.release_open(session, ino, times, now) > 0 || opens_.has_other(ino, session)) return Status::ok();
   // Only the last close of an unlinked file does more: its open records go with it.
   PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.find(ino));
   if (rec == nullptr || rec->attr.nlink != 0) return Status::ok();
   opens_.store_inode(ino, &txn.batch());
+  if (waits_for_reclaim_locked(ino, now)) return Status::ok();
   PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *rec, now, queued));
   return Status::ok();
 }
@@ -1470,11 +1504,65 @@ Result<pm::HeartbeatResp> MetaService::node_heartbeat_applied(const pm::NodeHear
 // ---------------------------------------------------------------------------------------------
 // Maintenance and GC support
 
+bool MetaService::reclaim_grace_locked(int64_t now) const { return !unreclaimed_.empty() && now < reclaim_until_ns_; }
+
+bool MetaService::waits_for_reclaim_locked(InodeId ino, int64_t now) const {
+  return grace_orphans_.count(ino.value) != 0 && reclaim_grace_locked(now);
+}
+
+Status MetaService::end_reclaim_grace_locked(int64_t now, bool* queued) {
+  if (grace_orphans_.empty() || reclaim_grace_locked(now)) return Status::ok();
+  Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
+  for (uint64_t ino : grace_orphans_) {
+    if (opens_.has_other(InodeId(ino), SessionId())) continue;  // an ordinary orphan now: its last close ends it
+    PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.find(InodeId(ino)));
+    if (rec != nullptr && rec->attr.nlink == 0) PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *rec, now, queued));
+  }
+  PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("finalize files unlinked while the sessions sent their opens"));
+  PENSTOCK_LOG(Info) << grace_orphans_.size() << " file(s) unlinked after the start waited for the sessions' opens; "
+                     << "those no session has open are removed now";
+  grace_orphans_.clear();
+  return Status::ok();
+}
+
+Status MetaService::reclaim_opens_applied(const pm::ReclaimOpensReq& req, bool* queued) {
+  std::lock_guard lock(mu_);
+  if (!session_alive(req.session)) {
+    return Status(Code::kBadHandle, "session " + req.session.to_string() + " is unknown or expired; register a new session");
+  }
+  const int64_t now = options_.now();
+  Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
+  size_t added = 0;
+  for (const pm::OpenCount& o : req.opens) {
+    PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.find(o.ino));
+    if (rec == nullptr) continue;  // gone, or a create behind not applied yet (its batch opens it)
+    const uint32_t have = opens_.count(req.session, o.ino);
+    if (o.count <= have) continue;
+    opens_.add(req.session, o.ino, now, o.count - have);
+    txn.undo_on_failure([this, s = req.session, ino = o.ino, n = o.count - have] { opens_.drop(s, ino, n, 0); });
+    if (rec->attr.nlink == 0) opens_.store_inode(o.ino, &txn.batch());  // an orphan's opens are kept at once
+    ++added;
+  }
+  PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("take back the opens of session " + req.session.to_string()));
+  if (added != 0) {
+    PENSTOCK_LOG(Info) << "session " << req.session.to_string() << " sent " << added
+                       << " open(s) this server had not kept across its restart";
+  }
+  if (req.last) unreclaimed_.erase(req.session.value);
+  return end_reclaim_grace_locked(now, queued);
+}
+
 Status MetaService::store_opens() {
   std::lock_guard lock(mu_);
   WriteBatch batch;
   if (!opens_.flush_aged(options_.now(), 0, &batch)) return Status::ok();
-  return store_->apply(batch).with_context("store open records");
+  Status st = store_->apply(batch);
+  if (!st.is_ok()) {
+    opens_.written_dropped();
+    return st.with_context("store open records");
+  }
+  opens_.written_applied();
+  return st;
 }
 
 Status MetaService::expire_applied() {
@@ -1494,12 +1582,19 @@ Status MetaService::expire_applied() {
         continue;
       }
       sessions_.erase(id);
+      unreclaimed_.erase(id);
       dir_leases_.drop_session(SessionId(id));
       PENSTOCK_LOG(Info) << "session " << id << " expired (no heartbeat within the lease); its opens were dropped";
     }
+    if (Status st = end_reclaim_grace_locked(now, &queued); !st.is_ok() && first.is_ok()) first = st;
     WriteBatch aged;
     if (opens_.flush_aged(now, options_.open_store_delay_ns, &aged)) {
-      if (Status st = store_->apply(aged); !st.is_ok() && first.is_ok()) first = st.with_context("store open records");
+      if (Status st = store_->apply(aged); !st.is_ok()) {
+        opens_.written_dropped();
+        if (first.is_ok()) first = st.with_context("store open records");
+      } else {
+        opens_.written_applied();
+      }
     }
     std::vector<uint64_t> offline;
     for (const auto& [id, n] : nodes_) {
@@ -1878,6 +1973,16 @@ Result<pm::AttrResp> MetaService::open_file(const pm::OpenReq& req) {
   return orphan ? durable(std::move(r)) : r;
 }
 Status MetaService::release(const pm::ReleaseReq& req) { return release_applied(req); }
+Status MetaService::reclaim_opens(const pm::ReclaimOpensReq& req) {
+  if (req.opens.size() > pm::kMaxReclaimBatch) {
+    return Status(Code::kInvalid, std::to_string(req.opens.size()) + " opens in one ReclaimOpens; at most " +
+                                      std::to_string(pm::kMaxReclaimBatch) + " (send several)");
+  }
+  bool queued = false;
+  Status st = durable(reclaim_opens_applied(req, &queued));
+  notify_gc(queued);
+  return st;
+}
 Status MetaService::release_many(const pm::ReleaseManyReq& req) {
   if (req.inos.size() > pm::kMaxReleaseBatch) {
     return Status(Code::kInvalid, std::to_string(req.inos.size()) + " releases in one ReleaseMany; at most " +

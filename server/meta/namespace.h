@@ -28,6 +28,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/base/result.h"
@@ -198,6 +199,10 @@ class MetaService {
   Status expire();
   // Writes every open the store does not hold yet (a clean stop calls it, so a restart keeps them).
   Status store_opens();
+  // A mount's open counts after this server's start (proto ReclaimOpensReq): each count becomes
+  // the larger of the two; with `last`, the session no longer holds unlinked files back. Synced.
+  // kBadHandle for an unknown session, kInvalid past kMaxReclaimBatch.
+  Status reclaim_opens(const pm::ReclaimOpensReq& req);
   // Up to `max` queued GC jobs in inode order, starting after `after`.
   Result<std::vector<GcTask>> gc_pending(InodeId after, size_t max);
   // The job of `ino` is done: deletes its queue entry. Applied but not synced (the one mutation
@@ -312,6 +317,15 @@ class MetaService {
   Status drop_link(Txn& txn, schema::InodeRecord& rec, int64_t now, bool* queued_gc);
   Status finalize_inode(Txn& txn, const schema::InodeRecord& rec, int64_t now, bool* queued_gc);
   Status drop_opens_of_session(SessionId session, bool* queued_gc);
+  Status reclaim_opens_applied(const pm::ReclaimOpensReq& req, bool* queued_gc);
+  // True while a session found at start has not sent its opens and one lease has not passed:
+  // unlinked files then wait as orphans (grace_orphans_).
+  bool reclaim_grace_locked(int64_t now) const;
+  // True for a file unlinked during that wait, while it lasts: only its end may finalize it (an
+  // open not sent yet may hold it).
+  bool waits_for_reclaim_locked(InodeId ino, int64_t now) const;
+  // After the wait: finalizes the waiting orphans no session has open.
+  Status end_reclaim_grace_locked(int64_t now, bool* queued_gc);
   Status bump_map_version(WriteBatch* batch);
   bool session_alive(SessionId s);
   // Before a directory `name` in `parent` is removed (rmdir, or replaced by a rename): another
@@ -334,6 +348,9 @@ class MetaService {
   Store* store_;
   MetaOptions options_;
   OpenTable opens_;  // under mu_
+  std::unordered_set<uint64_t> unreclaimed_;  // sessions found at start that have not sent their opens
+  int64_t reclaim_until_ns_ = 0;              // the wait for them ends here at the latest
+  std::set<uint64_t> grace_orphans_;          // files unlinked during that wait with no open known
   EntryLeases leases_;  // its own lock; never taken under mu_
   DirLeases dir_leases_;  // its own lock, a leaf: taken under mu_ by drop_session and create_batch
 

@@ -1,8 +1,14 @@
 #include "server/meta/open_table.h"
 
+#include <cstdint>
+
 #include "server/meta/schema.h"
 
 namespace penstock::meta {
+
+namespace {
+constexpr int64_t kDueNow = INT64_MIN;  // a changed_ time: write at the next flush_aged
+}  // namespace
 
 uint32_t OpenTable::add(SessionId session, InodeId ino, int64_t now_ns, uint32_t n) {
   if (n == 0) return count(session, ino);
@@ -71,7 +77,11 @@ void OpenTable::drop_session(SessionId session, WriteBatch* batch) {
     if (e == entries_.end()) continue;
     if (e->second.count > 0) --held_;
     e->second.count = 0;
-    write(k, e->second, batch);
+    if (e->second.stored == 0) {
+      erase(k);  // never stored: nothing to delete
+    } else {
+      write(k, e->second, batch);
+    }
   }
 }
 
@@ -101,7 +111,9 @@ void OpenTable::store_inode(InodeId ino, WriteBatch* batch) {
 
 bool OpenTable::flush_aged(int64_t now_ns, int64_t delay_ns, WriteBatch* batch) {
   bool wrote = false;
-  while (!changed_.empty() && now_ns - changed_.front().second >= delay_ns) {
+  while (!changed_.empty()) {
+    const int64_t at = changed_.front().second;
+    if (at != kDueNow && at <= now_ns && now_ns - at < delay_ns) break;
     const Key k = changed_.front().first;
     changed_.pop_front();
     auto e = entries_.find(k);
@@ -116,20 +128,35 @@ void OpenTable::touch(const Key& k, const Entry& e, int64_t now_ns) {
   if (e.count != e.stored) changed_.emplace_back(k, now_ns);
 }
 
-void OpenTable::write(const Key& k, Entry& e, WriteBatch* batch) {
+void OpenTable::write(const Key& k, const Entry& e, WriteBatch* batch) {
+  if (e.count == e.stored) return;
   const SessionId session(k.session);
   const InodeId ino(k.ino);
-  if (e.count != e.stored) {
-    if (e.count == 0) {
-      batch->del(schema::open_key(session, ino));
-      batch->del(schema::open_by_inode_key(ino, session));
-    } else {
-      batch->put(schema::open_key(session, ino), schema::encode_record(schema::OpenRecord{e.count}));
-      if (e.stored == 0) batch->put(schema::open_by_inode_key(ino, session), "");
-    }
-    e.stored = e.count;
+  if (e.count == 0) {
+    batch->del(schema::open_key(session, ino));
+    batch->del(schema::open_by_inode_key(ino, session));
+  } else {
+    batch->put(schema::open_key(session, ino), schema::encode_record(schema::OpenRecord{e.count}));
+    // The reverse key too, also when the store has it: a put of the same key costs nothing more.
+    batch->put(schema::open_by_inode_key(ino, session), "");
   }
-  if (e.count == 0) erase(k);
+  written_.emplace_back(k, e.count);
+}
+
+void OpenTable::written_applied() {
+  for (const auto& [k, count] : written_) {
+    auto it = entries_.find(k);
+    if (it == entries_.end()) continue;
+    it->second.stored = count;
+    if (it->second.count == 0 && it->second.stored == 0) erase(k);
+  }
+  written_.clear();
+}
+
+void OpenTable::written_dropped() {
+  // Still differing from the store: due at the next flush_aged.
+  for (const auto& [k, count] : written_) changed_.emplace_front(k, kDueNow);
+  written_.clear();
 }
 
 void OpenTable::erase(const Key& k) {

@@ -16,8 +16,8 @@
 //   - flush_aged(): an open that is still held `delay` after it changed is written, so a
 //     long-lived open also survives a crash of penstock-meta. An open and close within the delay
 //     never touch the store.
-// A crash therefore forgets only opens younger than the delay whose file was not unlinked since:
-// docs/meta-store.md says what that can cost.
+// A crash therefore forgets only opens not written yet whose file was not unlinked since; the
+// mounts send those again after the restart (MetaService::reclaim_opens, docs/meta-store.md).
 //
 // Thread-safety: none; MetaService calls it under its mu_.
 #pragma once
@@ -52,9 +52,14 @@ class OpenTable {
   void load(SessionId session, InodeId ino, uint32_t count);
   // Writes into `batch` every open of `ino` that the store does not hold as it is now.
   void store_inode(InodeId ino, WriteBatch* batch);
-  // Writes into `batch` every open that has differed from the store for at least `delay_ns`.
-  // Returns whether it wrote anything.
+  // Writes into `batch` every open that has differed from the store for at least `delay_ns` (or
+  // changed "after" `now_ns`: the clock stepped back). Returns whether it wrote anything.
   bool flush_aged(int64_t now_ns, int64_t delay_ns, WriteBatch* batch);
+  // What the methods above wrote into a batch counts as stored only once the caller applied the
+  // batch: written_applied() after it succeeded, written_dropped() when it failed or was never
+  // applied (those opens are written again by the next flush_aged).
+  void written_applied();
+  void written_dropped();
   // Opens held (sessions × inodes with a count above zero).
   size_t size() const { return held_; }
 
@@ -74,8 +79,8 @@ class OpenTable {
 
   // Marks `k` changed at `now_ns` (queued for flush_aged once it differs from the store).
   void touch(const Key& k, const Entry& e, int64_t now_ns);
-  // Writes `k` as it is now and drops it when neither memory nor store holds an open any more.
-  void write(const Key& k, Entry& e, WriteBatch* batch);
+  // Writes `k` as it is now into `batch` (pending until written_applied()).
+  void write(const Key& k, const Entry& e, WriteBatch* batch);
   void erase(const Key& k);
 
   std::unordered_map<Key, Entry, KeyHash> entries_;
@@ -83,6 +88,7 @@ class OpenTable {
   std::unordered_map<uint64_t, std::unordered_set<uint64_t>> by_session_;  // session -> inos
   // Entries that changed, oldest first; an entry may be here more than once, or be clean again.
   std::deque<std::pair<Key, int64_t>> changed_;
+  std::vector<std::pair<Key, uint32_t>> written_;  // written into a batch not applied yet: the count
   size_t held_ = 0;
 };
 

@@ -53,13 +53,7 @@ class NamespaceTest : public ::testing::Test {
   }
 
   Result<pm::AttrResp> create(InodeId parent, const std::string& name, SessionId session = SessionId()) {
-    pm::CreateReq req;
-    req.parent = parent;
-    req.name = name;
-    req.mode = 0644;
-    req.caller = proto::Caller{1000, 100};
-    req.session = session;
-    return svc_->create(req);
+    return svc_->create(testing::create_req(parent, name, session));
   }
   InodeId must_create(InodeId parent, const std::string& name, SessionId session = SessionId()) {
     auto r = create(parent, name, session);

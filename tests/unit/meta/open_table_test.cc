@@ -55,18 +55,31 @@ TEST(OpenTable, AnOpenHeldPastTheDelayIsWrittenAndItsCloseDeletedAfterTheDelay) 
   WriteBatch b;
   EXPECT_TRUE(t.flush_aged(kStart + kDelay, kDelay, &b));
   EXPECT_EQ(ops_of(b), (std::vector<std::string>{"+o/7/100", "+p/100/7"}));
-  // A second open changes the count only; the stored close of both deletes both keys.
+  // The batch failed: the open is still due, and is written again by the next flush.
+  t.written_dropped();
+  WriteBatch retry;
+  EXPECT_TRUE(t.flush_aged(kStart + kDelay, kDelay, &retry));
+  EXPECT_EQ(ops_of(retry), (std::vector<std::string>{"+o/7/100", "+p/100/7"}));
+  t.written_applied();
+  // A second open writes the new count; the stored close of both deletes both keys.
   t.add(kA, kF, kStart + 2 * kDelay);
   WriteBatch c;
   EXPECT_TRUE(t.flush_aged(kStart + 3 * kDelay, kDelay, &c));
-  EXPECT_EQ(ops_of(c), (std::vector<std::string>{"+o/7/100"}));
+  EXPECT_EQ(ops_of(c), (std::vector<std::string>{"+o/7/100", "+p/100/7"}));
+  t.written_applied();
   EXPECT_EQ(t.drop(kA, kF, 5, kStart + 4 * kDelay), 0u);
   EXPECT_FALSE(t.has_other(kF, SessionId())) << "closed, though the store still has it";
   WriteBatch d;
   EXPECT_TRUE(t.flush_aged(kStart + 5 * kDelay, kDelay, &d));
   EXPECT_EQ(ops_of(d), (std::vector<std::string>{"-o/7/100", "-p/100/7"}));
+  t.written_applied();
   WriteBatch none;
   EXPECT_FALSE(t.flush_aged(kStart + 9 * kDelay, 0, &none));
+  // A clock that stepped back does not hold changes back.
+  t.add(kA, kG, kStart + 20 * kDelay);
+  WriteBatch back;
+  EXPECT_TRUE(t.flush_aged(kStart, kDelay, &back));
+  EXPECT_EQ(ops_of(back), (std::vector<std::string>{"+o/7/101", "+p/101/7"}));
 }
 
 TEST(OpenTable, AnInodeSessionAndLoadedOpensAreWrittenAsTheyAre) {
@@ -80,6 +93,7 @@ TEST(OpenTable, AnInodeSessionAndLoadedOpensAreWrittenAsTheyAre) {
   std::vector<std::string> got = ops_of(b);
   std::sort(got.begin(), got.end());
   EXPECT_EQ(got, (std::vector<std::string>{"+o/7/100", "+o/8/100", "+p/100/7", "+p/100/8"}));
+  t.written_applied();
   WriteBatch again;
   t.store_inode(kF, &again);
   EXPECT_TRUE(again.empty()) << "already stored as they are";
@@ -87,6 +101,7 @@ TEST(OpenTable, AnInodeSessionAndLoadedOpensAreWrittenAsTheyAre) {
   WriteBatch s;
   t.drop_session(kA, &s);
   EXPECT_EQ(ops_of(s), (std::vector<std::string>{"-o/7/100", "-p/100/7"}));
+  t.written_applied();
   EXPECT_TRUE(t.inodes_of(kA).empty());
   EXPECT_EQ(t.inodes_of(kB), std::vector<InodeId>{kF});
   EXPECT_TRUE(t.has_other(kF, SessionId()));
@@ -113,14 +128,7 @@ class OpenFilesAcrossACrash : public ::testing::Test {
     auto s = svc_->register_session(pm::RegisterSessionReq{"test", "host"});
     ASSERT_TRUE(s.has_value());
     session_ = s->session;
-    pm::CreateReq c;
-    c.parent = kRootInode;
-    c.name = "f";
-    c.mode = 0644;
-    c.caller = proto::Caller{1000, 100};
-    auto f = svc_->create(c);  // without a session: not opened
-    ASSERT_TRUE(f.has_value()) << f.error().to_string();
-    file_ = f->attr.ino;
+    file_ = create("f");  // without a session: not opened
   }
   void start() {
     svc_.reset();
@@ -147,7 +155,13 @@ class OpenFilesAcrossACrash : public ::testing::Test {
     }
     return n;
   }
-  bool file_exists() { return svc_->get_attr(pm::InodeReq{file_}).has_value(); }
+  bool exists(InodeId ino) { return svc_->get_attr(pm::InodeReq{ino}).has_value(); }
+  bool file_exists() { return exists(file_); }
+  InodeId create(const std::string& name, SessionId open_for = SessionId()) {
+    auto r = svc_->create(testing::create_req(kRootInode, name, open_for));
+    EXPECT_TRUE(r.has_value()) << r.error().to_string();
+    return r.has_value() ? r->attr.ino : InodeId();
+  }
 
   int64_t now_ = kStart;
   MemoryStore store_;
@@ -184,34 +198,76 @@ TEST_F(OpenFilesAcrossACrash, AnOpenHeldPastTheDelayIsKept) {
   ASSERT_OK(svc_->expire());  // the daemon's periodic pass writes it
   EXPECT_EQ(stored_opens(), 2u);
   start();
+  ASSERT_OK(svc_->reclaim_opens(pm::ReclaimOpensReq{session_, {}, true}));  // sends nothing back
   ASSERT_OK(svc_->unlink(pm::NameReq{kRootInode, "f", SessionId()}));
   EXPECT_TRUE(file_exists()) << "an open held before the crash keeps the unlinked file";
   ASSERT_OK(svc_->release(pm::ReleaseReq{file_, session_}));
   EXPECT_FALSE(file_exists());
 }
 
-TEST_F(OpenFilesAcrossACrash, ACleanStopStoresEveryOpenAndACrashForgetsOnlyYoungOnes) {
+TEST_F(OpenFilesAcrossACrash, ACleanStopStoresEveryOpen) {
   ASSERT_OK(svc_->open_file(pm::OpenReq{file_, session_, 0}));
   ASSERT_OK(svc_->store_opens());
   start();
+  ASSERT_OK(svc_->reclaim_opens(pm::ReclaimOpensReq{session_, {}, true}));  // sends nothing back
   ASSERT_OK(svc_->unlink(pm::NameReq{kRootInode, "f", SessionId()}));
-  EXPECT_TRUE(file_exists());
+  EXPECT_TRUE(file_exists()) << "the stored open holds it";
   ASSERT_OK(svc_->release(pm::ReleaseReq{file_, session_}));
   EXPECT_FALSE(file_exists());
+}
 
-  // The window this design accepts (docs/meta-store.md, "Open records"): an open younger than
-  // the delay at a crash is forgotten, so an unlink after the restart removes the file at once.
-  pm::CreateReq c;
-  c.parent = kRootInode;
-  c.name = "g";
-  c.mode = 0644;
-  c.caller = proto::Caller{1000, 100};
-  c.session = session_;  // created and opened
-  auto g = svc_->create(c);
-  ASSERT_TRUE(g.has_value()) << g.error().to_string();
+// An open younger than the delay dies with a crash; the mount sends it again (ReclaimOpens) when
+// it sees the restarted server's new map version. Until every session found at the start has,
+// an unlinked file waits.
+TEST_F(OpenFilesAcrossACrash, AnOpenTheCrashForgotIsSentAgainAndHoldsTheFile) {
+  const InodeId g = create("g", session_);  // created and opened, not written to the store
+  EXPECT_EQ(stored_opens(), 0u);
+  start();  // crash and restart
+  ASSERT_OK(svc_->unlink(pm::NameReq{kRootInode, "g", SessionId()}));
+  EXPECT_TRUE(exists(g)) << "the session has not sent its opens yet: the file waits";
+  ASSERT_OK(svc_->reclaim_opens(pm::ReclaimOpensReq{session_, {pm::OpenCount{g, 1}}, true}));
+  EXPECT_TRUE(exists(g)) << "the open it sent holds the file";
+  EXPECT_EQ(stored_opens(), 2u) << "an orphan's open is written at once";
+  ASSERT_OK(svc_->release(pm::ReleaseReq{g, session_}));
+  EXPECT_FALSE(exists(g));
+  EXPECT_EQ(stored_opens(), 0u);
+}
+
+TEST_F(OpenFilesAcrossACrash, UnlinkedFilesWaitUntilEverySessionSentItsOpensOrOneLeasePassed) {
+  const InodeId g = create("g");
+  const InodeId h = create("h");
+  auto other = svc_->register_session(pm::RegisterSessionReq{"test", "host2"});
+  ASSERT_TRUE(other.has_value());
   start();
   ASSERT_OK(svc_->unlink(pm::NameReq{kRootInode, "g", SessionId()}));
-  EXPECT_FALSE(svc_->get_attr(pm::InodeReq{g->attr.ino}).has_value());
+  ASSERT_OK(svc_->reclaim_opens(pm::ReclaimOpensReq{session_, {}, true}));
+  EXPECT_TRUE(exists(g)) << "the other session has not sent its opens";
+  ASSERT_OK(svc_->reclaim_opens(pm::ReclaimOpensReq{other->session, {pm::OpenCount{file_, 2}}, false}));
+  EXPECT_TRUE(exists(g)) << "more to come from it (`last` not set)";
+  ASSERT_OK(svc_->reclaim_opens(pm::ReclaimOpensReq{other->session, {}, true}));
+  EXPECT_FALSE(exists(g)) << "every session sent its opens and none holds g";
+  ASSERT_OK(svc_->unlink(pm::NameReq{kRootInode, "f", SessionId()}));
+  EXPECT_TRUE(file_exists()) << "the other session's open of f was taken back";
+  // Hostile or stale calls.
+  EXPECT_CODE(svc_->reclaim_opens(pm::ReclaimOpensReq{SessionId(999), {}, true}), Code::kBadHandle);
+  std::vector<pm::OpenCount> many(pm::kMaxReclaimBatch + 1, pm::OpenCount{file_, 1});
+  EXPECT_CODE(svc_->reclaim_opens(pm::ReclaimOpensReq{session_, many, true}), Code::kInvalid);
+  // An inode that is gone is skipped.
+  ASSERT_OK(svc_->reclaim_opens(pm::ReclaimOpensReq{session_, {pm::OpenCount{InodeId(424242), 1}}, true}));
+
+  // A session that never sends (an older mount) holds unlinked files back for one lease at most.
+  start();
+  ASSERT_OK(svc_->unlink(pm::NameReq{kRootInode, "h", SessionId()}));
+  EXPECT_TRUE(exists(h));
+  now_ += 20'000'000'000;
+  ASSERT_OK(svc_->heartbeat(pm::SessionReq{session_}));
+  ASSERT_OK(svc_->heartbeat(pm::SessionReq{other->session}));
+  ASSERT_OK(svc_->expire());
+  EXPECT_TRUE(exists(h));
+  now_ += 11'000'000'000;  // past the 30 s lease since the start; both sessions still alive
+  ASSERT_OK(svc_->expire());
+  EXPECT_FALSE(exists(h));
+  EXPECT_TRUE(file_exists()) << "f's opens were stored with its unlink";
 }
 
 TEST_F(OpenFilesAcrossACrash, AClosedSessionsStoredOpensGoWithIt) {

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/proto/meta_service.h"
 #include "server/meta/cached_store.h"
 #include "server/meta/rocksdb_store.h"
 #include "server/meta/schema.h"
@@ -81,6 +82,17 @@ inline std::string numbered(std::string_view prefix, long i) {
   std::string s(prefix);
   s += std::to_string(i);
   return s;
+}
+
+// A create of a 0644 file by uid 1000, gid 100; with `session` valid the file is opened for it.
+inline proto::meta::CreateReq create_req(InodeId parent, const std::string& name, SessionId session = SessionId()) {
+  proto::meta::CreateReq req;
+  req.parent = parent;
+  req.name = name;
+  req.mode = 0644;
+  req.caller = proto::Caller{1000, 100};
+  req.session = session;
+  return req;
 }
 
 template <class T>
