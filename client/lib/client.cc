@@ -224,13 +224,20 @@ void Client::heartbeat_loop() {
         if (!st.is_ok()) {
           PENSTOCK_LOG(Warn) << "cluster map refresh failed: " << st.to_string();
         }
-        // Every start of penstock-meta bumps the version (so do node changes: sending again
-        // then costs one call and changes nothing).
-        reclaim_opens();
+      }
+      // Every start of penstock-meta bumps the version (so do node changes: sending again then
+      // costs one call and changes nothing). Compared with what the server last took, not with
+      // the routes: another call may have fetched the new map first.
+      {
+        std::lock_guard<std::mutex> lock(rel_mu_);
+        if (rel_running_ && r->map_version != reclaimed_version_ && reclaim_version_ != r->map_version) {
+          reclaim_version_ = r->map_version;
+          rel_cv_.notify_all();
+        }
       }
       continue;
     }
-    if (r.error().code() == Code::kNotFound || r.error().code() == Code::kStale) {
+    if (r.error().code() == Code::kBadHandle || r.error().code() == Code::kNotFound || r.error().code() == Code::kStale) {
       // The meta server forgot the session (expired while unreachable): start a new one.
       auto reg = meta_->call<meta::RegisterSession>(meta::RegisterSessionReq{options_.client_name, local_hostname()});
       if (reg.has_value()) {
@@ -1453,10 +1460,12 @@ Status Client::release(InodeId ino, bool flush_writes, WriteCursor* cursor) {
     written = files_.count(ino) != 0;
   }
   Status flushed = flush_writes ? flush(ino, cursor) : Status::ok();
-  count_release(ino);
   if (cb_ != nullptr) {
     // A file created behind and closed before its create was sent is sent closed: nothing to release.
-    if (cb_->closed_before_sent(ino)) return flushed;
+    if (cb_->closed_before_sent(ino)) {
+      count_release(ino);
+      return flushed;
+    }
     cb_->closed(ino, written);
   }
   bool queued = false;
@@ -1479,7 +1488,22 @@ constexpr auto kReleaseGather = std::chrono::milliseconds(2);
 void Client::release_loop() {
   std::unique_lock<std::mutex> lock(rel_mu_);
   for (;;) {
-    rel_cv_.wait(lock, [this] { return rel_stop_ || !rel_queue_.empty(); });
+    rel_cv_.wait(lock, [this] {
+      return rel_stop_ || !rel_queue_.empty() || reclaim_version_ != reclaimed_version_;
+    });
+    if (reclaim_version_ != reclaimed_version_ && !rel_stop_) {
+      const uint64_t version = reclaim_version_;
+      lock.unlock();
+      const bool done = reclaim_opens();
+      lock.lock();
+      // Not taken: the next heartbeat asks again.
+      if (done) {
+        reclaimed_version_ = version;
+      } else {
+        reclaim_version_ = reclaimed_version_;
+      }
+      continue;
+    }
     if (rel_queue_.empty()) return;  // stopping and everything was sent
     rel_cv_.wait_for(lock, kReleaseGather,
                      [this] { return rel_stop_ || rel_queue_.size() >= meta::kMaxReleaseBatch; });
@@ -1509,7 +1533,7 @@ void Client::count_release(InodeId ino) {
   if (--it->second == 0) open_counts_.erase(it);
 }
 
-void Client::reclaim_opens() {
+bool Client::reclaim_opens() {
   std::vector<meta::OpenCount> all;
   {
     std::lock_guard<std::mutex> lock(open_counts_mu_);
@@ -1524,18 +1548,25 @@ void Client::reclaim_opens() {
                               at + n == all.size()};
     at += n;
     auto r = meta_->call<meta::ReclaimOpens>(req);
+    if (!r.has_value() && r.error().code() == Code::kNotSupported) {
+      PENSTOCK_LOG(Info) << "penstock-meta predates ReclaimOpens: it keeps every open in its store itself";
+      return true;
+    }
     if (!r.has_value()) {
       PENSTOCK_LOG(Warn) << "sending the " << all.size() << " open file(s) of session " << sid.value
                          << " to the meta server failed: " << r.error().to_string()
-                         << " (after a crash of penstock-meta, a file this mount has open and another unlinks may lose its data)";
-      return;
+                         << "; trying again at the next heartbeat";
+      return false;
     }
   } while (at < all.size());
+  return true;
 }
 
 void Client::send_releases(std::vector<InodeId> inos) {
   const size_t n = inos.size();
-  auto r = meta_call<meta::ReleaseMany>(meta::ReleaseManyReq{session(), std::move(inos)});
+  auto r = meta_call<meta::ReleaseMany>(meta::ReleaseManyReq{session(), inos});
+  // Sent (or lost: either way the handles are closed): the counts a reclaim sends fall only now.
+  for (InodeId ino : inos) count_release(ino);
   if (!r.has_value()) {
     PENSTOCK_LOG(Warn) << "releasing " << n << " closed file(s) at the meta server failed: " << r.error().to_string()
                        << " (their open records stay until the session ends, which only delays freeing the "

@@ -292,10 +292,11 @@ class Client {
   void heartbeat_loop();
   void release_loop();
   void send_releases(std::vector<InodeId> inos);
-  // The meta server's map version moved (every start bumps it): tells it how many times this
-  // mount has each file open, since a restarted server may have forgotten opens it had not yet
-  // written (proto ReclaimOpensReq).
-  void reclaim_opens();
+  // Tells the meta server how many times this mount has each file open, since a restarted server
+  // may have forgotten opens it had not written yet (proto ReclaimOpensReq). True once it took
+  // them (or is too old to ask). Runs on the release thread, so no release is sent between the
+  // snapshot of the counts and the call: a count falls only once its release was sent.
+  bool reclaim_opens();
   void count_open(InodeId ino);
   void count_release(InodeId ino);
   Status refresh_map();
@@ -395,6 +396,10 @@ class Client {
   std::condition_variable rel_cv_;
   std::vector<InodeId> rel_queue_;  // releases not yet sent
   bool rel_running_ = false;        // releaser_ takes releases
+  // Map version whose opens the meta server should get (reclaim_opens), and the last one it got;
+  // both guarded by rel_mu_.
+  uint64_t reclaim_version_ = 0;
+  uint64_t reclaimed_version_ = 0;
   bool rel_stop_ = false;
   std::thread releaser_;
 

@@ -390,15 +390,15 @@ Status MetaService::load() {
     return true;
   }));
   PENSTOCK_RETURN_IF_ERROR(bad_open);
-  // Opens younger than the delay died with the last run: until the sessions it knew have sent
-  // theirs (reclaim_opens) or one lease has passed, unlinked files wait as orphans. An orphan
-  // with no open known (left by such a wait that a crash cut short) waits for the same end.
+  // Opens not written yet died with the last run: until the sessions it knew have sent theirs
+  // (reclaim_opens) or one lease has passed, unlinked files wait as orphans. So does every orphan
+  // found now: a session that has not sent its opens yet may hold one (also one whose stored
+  // opens are another session's, or one a wait that a crash cut short left with none).
   for (const auto& [id, state] : sessions_) unreclaimed_.insert(id);
   reclaim_until_ns_ = now + options_.session_lease_ns;
   PENSTOCK_RETURN_IF_ERROR(store_->scan(schema::kOrphanPrefix, "", [&](std::string_view key, std::string_view) {
     if (key.size() != schema::kOrphanPrefix.size() + 8) return true;
-    const InodeId ino(schema::read_be64(key.substr(schema::kOrphanPrefix.size())));
-    if (!opens_.has_other(ino, SessionId())) grace_orphans_.insert(ino.value);
+    grace_orphans_.insert(schema::read_be64(key.substr(schema::kOrphanPrefix.size())));
     return true;
   }));
 
@@ -1516,7 +1516,10 @@ Status MetaService::end_reclaim_grace_locked(int64_t now, bool* queued) {
   for (uint64_t ino : grace_orphans_) {
     if (opens_.has_other(InodeId(ino), SessionId())) continue;  // an ordinary orphan now: its last close ends it
     PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.find(InodeId(ino)));
-    if (rec != nullptr && rec->attr.nlink == 0) PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *rec, now, queued));
+    if (rec != nullptr && rec->attr.nlink == 0) {
+      opens_.store_inode(InodeId(ino), &txn.batch());  // closed opens still in the store
+      PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *rec, now, queued));
+    }
   }
   PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("finalize files unlinked while the sessions sent their opens"));
   PENSTOCK_LOG(Info) << grace_orphans_.size() << " file(s) unlinked after the start waited for the sessions' opens; "
@@ -1525,7 +1528,7 @@ Status MetaService::end_reclaim_grace_locked(int64_t now, bool* queued) {
   return Status::ok();
 }
 
-Status MetaService::reclaim_opens_applied(const pm::ReclaimOpensReq& req, bool* queued) {
+Status MetaService::reclaim_opens_applied(const pm::ReclaimOpensReq& req, bool* queued, bool* wrote) {
   std::lock_guard lock(mu_);
   if (!session_alive(req.session)) {
     return Status(Code::kBadHandle, "session " + req.session.to_string() + " is unknown or expired; register a new session");
@@ -1540,7 +1543,10 @@ Status MetaService::reclaim_opens_applied(const pm::ReclaimOpensReq& req, bool* 
     if (o.count <= have) continue;
     opens_.add(req.session, o.ino, now, o.count - have);
     txn.undo_on_failure([this, s = req.session, ino = o.ino, n = o.count - have] { opens_.drop(s, ino, n, 0); });
-    if (rec->attr.nlink == 0) opens_.store_inode(o.ino, &txn.batch());  // an orphan's opens are kept at once
+    if (rec->attr.nlink == 0) {
+      opens_.store_inode(o.ino, &txn.batch());  // an orphan's opens are kept at once
+      *wrote = true;
+    }
     ++added;
   }
   PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("take back the opens of session " + req.session.to_string()));
@@ -1979,7 +1985,9 @@ Status MetaService::reclaim_opens(const pm::ReclaimOpensReq& req) {
                                       std::to_string(pm::kMaxReclaimBatch) + " (send several)");
   }
   bool queued = false;
-  Status st = durable(reclaim_opens_applied(req, &queued));
+  bool wrote = false;  // only an orphan's opens (and the end of the wait) need the sync
+  Status st = reclaim_opens_applied(req, &queued, &wrote);
+  if (wrote || queued || !st.is_ok()) st = durable(std::move(st));
   notify_gc(queued);
   return st;
 }

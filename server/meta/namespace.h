@@ -317,7 +317,7 @@ class MetaService {
   Status drop_link(Txn& txn, schema::InodeRecord& rec, int64_t now, bool* queued_gc);
   Status finalize_inode(Txn& txn, const schema::InodeRecord& rec, int64_t now, bool* queued_gc);
   Status drop_opens_of_session(SessionId session, bool* queued_gc);
-  Status reclaim_opens_applied(const pm::ReclaimOpensReq& req, bool* queued_gc);
+  Status reclaim_opens_applied(const pm::ReclaimOpensReq& req, bool* queued_gc, bool* wrote);
   // True while a session found at start has not sent its opens and one lease has not passed:
   // unlinked files then wait as orphans (grace_orphans_).
   bool reclaim_grace_locked(int64_t now) const;

@@ -188,6 +188,8 @@ TEST_F(OpenFilesAcrossACrash, AnUnlinkCarriesTheOpensOfItsFile) {
   start();  // crash and restart
   EXPECT_TRUE(file_exists()) << "the restarted server must still know the orphan is open";
   ASSERT_OK(svc_->release(pm::ReleaseReq{file_, session_}));
+  EXPECT_TRUE(file_exists()) << "every orphan waits until the sessions sent their opens";
+  ASSERT_OK(svc_->reclaim_opens(pm::ReclaimOpensReq{session_, {}, true}));
   EXPECT_FALSE(file_exists());
   EXPECT_EQ(stored_opens(), 0u);
 }
@@ -268,6 +270,23 @@ TEST_F(OpenFilesAcrossACrash, UnlinkedFilesWaitUntilEverySessionSentItsOpensOrOn
   ASSERT_OK(svc_->expire());
   EXPECT_FALSE(exists(h));
   EXPECT_TRUE(file_exists()) << "f's opens were stored with its unlink";
+}
+
+// A crash during the wait: an orphan found at the next start waits again, also when the store
+// holds another session's open of it (the session that has not sent its opens may hold it too).
+TEST_F(OpenFilesAcrossACrash, AnOrphanFoundAtStartWaitsForEverySessionEvenWithStoredOpens) {
+  auto other = svc_->register_session(pm::RegisterSessionReq{"test", "host2"});
+  ASSERT_TRUE(other.has_value());
+  start();  // crash 1: `other` may hold f through an open this server forgot
+  ASSERT_OK(svc_->open_file(pm::OpenReq{file_, session_, 0}));
+  ASSERT_OK(svc_->unlink(pm::NameReq{kRootInode, "f", SessionId()}));
+  start();  // crash 2, before `other` sent its opens
+  ASSERT_OK(svc_->reclaim_opens(pm::ReclaimOpensReq{session_, {pm::OpenCount{file_, 1}}, true}));
+  ASSERT_OK(svc_->release(pm::ReleaseReq{file_, session_}));
+  EXPECT_TRUE(file_exists()) << "the other session has not sent its opens: it may hold f";
+  ASSERT_OK(svc_->reclaim_opens(pm::ReclaimOpensReq{other->session, {}, true}));
+  EXPECT_FALSE(file_exists());
+  EXPECT_EQ(stored_opens(), 0u);
 }
 
 TEST_F(OpenFilesAcrossACrash, AClosedSessionsStoredOpensGoWithIt) {
