@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "client/lib/layout_text.h"
+#include "common/base/backoff.h"
 #include "common/base/log.h"
 #include "common/checksum/checksum.h"
 
@@ -287,16 +288,11 @@ Result<typename M::Response> send_to_meta(rpc::RpcClient& meta, const typename M
   if constexpr (!kSafeToRepeat<M>) {
     return meta.call<M>(req);
   } else {
-    const auto give_up = std::chrono::steady_clock::now() + timeout;
-    auto pause = std::chrono::milliseconds(5);
+    const auto give_up = Backoff::Clock::now() + timeout;
+    Backoff backoff(std::chrono::milliseconds(5), std::chrono::milliseconds(200));
     for (;;) {
       auto r = meta.call<M>(req);
-      if (r.has_value() || r.error().code() != Code::kUnavailable ||
-          std::chrono::steady_clock::now() + pause > give_up) {
-        return r;
-      }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::milliseconds(200));
+      if (r.has_value() || r.error().code() != Code::kUnavailable || !backoff.sleep_before(give_up)) return r;
     }
   }
 }
@@ -314,16 +310,13 @@ Result<typename M::Response> Client::meta_call(const typename M::Request& req) {
     // Another mount's lease ends within its term plus grace (at most 2.1 s): retry until then, with
     // a growing pause, inside twice that.
     // The 5 s count from the first kBusy: the first call may have waited for a restarting server.
-    std::optional<std::chrono::steady_clock::time_point> give_up;
-    auto pause = std::chrono::milliseconds(2);
+    std::optional<Backoff::Clock::time_point> give_up;
+    Backoff backoff(std::chrono::milliseconds(2), std::chrono::milliseconds(50));
     for (;;) {
       auto r = send_to_meta<M>(*meta_, req, options_.call_timeout);
       if (r.has_value() || r.error().code() != Code::kBusy) return r;
-      const auto now = std::chrono::steady_clock::now();
-      if (!give_up.has_value()) give_up = now + std::chrono::milliseconds(5000);
-      if (now + pause > *give_up) return r;
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+      if (!give_up.has_value()) give_up = Backoff::Clock::now() + std::chrono::milliseconds(5000);
+      if (!backoff.sleep_before(*give_up)) return r;
     }
   } else {
     return send_to_meta<M>(*meta_, req, options_.call_timeout);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "common/base/backoff.h"
 #include "common/base/log.h"
 
 namespace penstock::client {
@@ -300,15 +301,14 @@ void CreateBehind::barrier() {
 
 Result<pm::CreateBatchResp> CreateBehind::send_batch(const pm::CreateBatchReq& req, Clock::time_point* sent) {
   const Clock::time_point give_up = Clock::now() + options_.batch_retry_for;
-  auto pause = std::chrono::milliseconds(2);
+  Backoff backoff(std::chrono::milliseconds(2), std::chrono::milliseconds(500));
   pm::CreateBatchReq again;  // a resend asks for no numbers: those of a lost reply are not known here
   for (int attempt = 1;; ++attempt) {
     *sent = Clock::now();
     auto r = rpc_.batch(attempt == 1 ? req : again);
     if (r.has_value()) return r;
     const Code code = r.error().code();
-    if (!(failed_in_transit(code) || code == Code::kBusy) || Clock::now() + pause > give_up ||
-        rpc_.session() != req.session) {
+    if (!(failed_in_transit(code) || code == Code::kBusy) || !backoff.fits(give_up) || rpc_.session() != req.session) {
       return r;
     }
     if (attempt == 1) {
@@ -324,8 +324,8 @@ Result<pm::CreateBatchResp> CreateBehind::send_batch(const pm::CreateBatchReq& r
       std::lock_guard lock(mu_);
       stats_.resent += 1;
     }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::milliseconds(code == Code::kBusy ? 50 : 500));
+    // Another mount's lease ends within its term plus grace: try again sooner for kBusy.
+    backoff.sleep(std::chrono::milliseconds(code == Code::kBusy ? 50 : 500));
   }
 }
 

@@ -56,6 +56,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 
+#include "common/base/backoff.h"
 #include "common/base/log.h"
 #include "common/net/tcp/blocking_call.h"
 #include "common/net/tcp/send_now.h"
@@ -72,6 +73,9 @@ using Strand = asio::strand<asio::io_context::executor_type>;
 
 constexpr size_t kMaxBatch = 64;                         // frames per gathered write
 constexpr auto kSweepPeriod = std::chrono::milliseconds(5);  // deadline resolution
+// While the server refuses connections (a restart), calls wait for it this way.
+constexpr auto kRefusedFirstPause = std::chrono::milliseconds(5);
+constexpr auto kRefusedMostPause = std::chrono::milliseconds(200);
 constexpr size_t kScratchBytes = 64 << 10;               // discarding late bulk
 // The largest request (header + message + bulk) a submitting thread writes itself (see above):
 // metadata calls and small data calls; larger bulk goes through the I/O thread, which overlaps it.
@@ -608,10 +612,8 @@ class TcpChannel : public Channel {
     if (conn == nullptr && wait_while_refused_.load() && refused_since_.load()) {
       // The server refuses and every blocking connection is held by a caller waiting for it: the
       // shared path would fail at once, so this one waits for a connection too.
-      auto pause = std::chrono::milliseconds(5);
-      while (conn == nullptr && refused_since_.load() && Clock::now() + pause < call.deadline) {
-        std::this_thread::sleep_for(pause);
-        pause = std::min(pause * 2, std::chrono::milliseconds(200));
+      Backoff backoff(kRefusedFirstPause, kRefusedMostPause);
+      while (conn == nullptr && refused_since_.load() && backoff.sleep_before(call.deadline)) {
         conn = take_blocking();
       }
     }
@@ -670,7 +672,7 @@ class TcpChannel : public Channel {
   // A new blocking connection; while the server refuses (options_.wait_while_refused) it tries
   // again until `deadline`, pausing 5 ms, then twice as long each time up to 200 ms.
   Result<std::unique_ptr<BlockingConnection>> connect_blocking(Clock::time_point deadline) {
-    auto pause = std::chrono::milliseconds(5);
+    Backoff backoff(kRefusedFirstPause, kRefusedMostPause);
     for (;;) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       bool refused = false;
@@ -682,13 +684,12 @@ class TcpChannel : public Channel {
         }
         return made;
       }
-      if (!refused || !wait_while_refused_.load() || Clock::now() + pause >= deadline) return made;
+      if (!refused || !wait_while_refused_.load() || !backoff.fits(deadline)) return made;
       if (!refused_since_.exchange(true)) {
         PENSTOCK_LOG(Warn) << server_.to_string() << " refuses connections (restarting?); calls to it wait for it "
                            << "until their deadline";
       }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::milliseconds(200));
+      backoff.sleep();
     }
   }
 
