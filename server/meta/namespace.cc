@@ -396,6 +396,12 @@ Status MetaService::load() {
   // opens are another session's, or one a wait that a crash cut short left with none).
   for (const auto& [id, state] : sessions_) unreclaimed_.insert(id);
   reclaim_until_ns_ = now + options_.session_lease_ns;
+  reclaim_wait_over_ = unreclaimed_.empty();
+  if (!unreclaimed_.empty()) {
+    PENSTOCK_LOG(Info) << "waiting up to " << options_.session_lease_ns / 1'000'000'000 << " s for the "
+                       << unreclaimed_.size() << " session(s) found in the database to send their open files; "
+                       << "until then an unlinked file keeps its data";
+  }
   PENSTOCK_RETURN_IF_ERROR(store_->scan(schema::kOrphanPrefix, "", [&](std::string_view key, std::string_view) {
     if (key.size() != schema::kOrphanPrefix.size() + 8) return true;
     grace_orphans_.insert(schema::read_be64(key.substr(schema::kOrphanPrefix.size())));
@@ -1511,7 +1517,20 @@ bool MetaService::waits_for_reclaim_locked(InodeId ino, int64_t now) const {
 }
 
 Status MetaService::end_reclaim_grace_locked(int64_t now, bool* queued) {
-  if (grace_orphans_.empty() || reclaim_grace_locked(now)) return Status::ok();
+  if (reclaim_grace_locked(now)) return Status::ok();
+  if (!reclaim_wait_over_) {
+    reclaim_wait_over_ = true;
+    if (unreclaimed_.empty()) {
+      PENSTOCK_LOG(Info) << "every session found at the start has sent its open files";
+    } else {
+      std::string ids;
+      for (uint64_t id : unreclaimed_) ids += (ids.empty() ? "" : ", ") + std::to_string(id);
+      PENSTOCK_LOG(Warn) << "the wait for the open files of the sessions found at the start is over (one session lease); "
+                         << "session(s) " << ids << " did not send theirs (an older penstock-mount, or one cut off): "
+                         << "a file they opened just before the last stop may lose its data when unlinked";
+    }
+  }
+  if (grace_orphans_.empty()) return Status::ok();
   Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
   for (uint64_t ino : grace_orphans_) {
     if (opens_.has_other(InodeId(ino), SessionId())) continue;  // an ordinary orphan now: its last close ends it

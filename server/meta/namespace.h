@@ -350,6 +350,7 @@ class MetaService {
   OpenTable opens_;  // under mu_
   std::unordered_set<uint64_t> unreclaimed_;  // sessions found at start that have not sent their opens
   int64_t reclaim_until_ns_ = 0;              // the wait for them ends here at the latest
+  bool reclaim_wait_over_ = true;             // its end has been logged
   std::set<uint64_t> grace_orphans_;          // files unlinked during that wait with no open known
   EntryLeases leases_;  // its own lock; never taken under mu_
   DirLeases dir_leases_;  // its own lock, a leaf: taken under mu_ by drop_session and create_batch
