@@ -200,7 +200,9 @@ class MetaService::Txn {
   // learns of it once the batch is applied.
   void queue_gc(InodeId ino) { gc_added_.push_back(ino.value); }
   // Opens `ino` for `session` once the batch is applied (a create with its open).
-  void open_after_commit(SessionId session, InodeId ino, int64_t now) { opened_.push_back({session, ino, now}); }
+  void open_after_commit(SessionId session, InodeId ino, int64_t now) {
+    after_commit([opens = opens_, session, ino, now] { opens->add(session, ino, now); });
+  }
   // Takes back `times` opens of `ino` by `session` now, and gives them back unless this commits.
   uint32_t release_open(SessionId session, InodeId ino, uint32_t times, int64_t now) {
     const uint32_t before = opens_->count(session, ino);
@@ -227,7 +229,6 @@ class MetaService::Txn {
       gc_queue_->insert(gc_added_.begin(), gc_added_.end());
     }
     opens_->written_applied();
-    for (const Opened& o : opened_) opens_->add(o.session, o.ino, o.now);
     for (auto& done : done_) done();
     committed_ = true;
     return Status::ok();
@@ -239,16 +240,10 @@ class MetaService::Txn {
     bool dirty = false;
     bool removed = false;
   };
-  struct Opened {
-    SessionId session;
-    InodeId ino;
-    int64_t now;
-  };
   Store* store_;
   uint64_t* used_inodes_;
   std::set<uint64_t>* gc_queue_;
   OpenTable* opens_;
-  std::vector<Opened> opened_;
   std::vector<std::function<void()>> undo_;
   std::vector<std::function<void()>> done_;
   bool committed_ = false;

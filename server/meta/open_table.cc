@@ -13,16 +13,25 @@ constexpr int64_t kDueNow = INT64_MIN;  // a changed_ time: write at the next fl
 uint32_t OpenTable::add(SessionId session, InodeId ino, int64_t now_ns, uint32_t n) {
   if (n == 0) return count(session, ino);
   const Key k{session.value, ino.value};
+  Entry& e = entry(k);
+  e.count += n;
+  touch(k, e, now_ns);
+  return e.count;
+}
+
+size_t OpenTable::size() const {
+  size_t held = 0;
+  for (const auto& [k, e] : entries_) held += e.count > 0 ? 1 : 0;
+  return held;
+}
+
+OpenTable::Entry& OpenTable::entry(const Key& k) {
   auto [it, fresh] = entries_.try_emplace(k);
   if (fresh) {
     by_inode_[k.ino].insert(k.session);
     by_session_[k.session].insert(k.ino);
   }
-  Entry& e = it->second;
-  if (e.count == 0) ++held_;
-  e.count += n;
-  touch(k, e, now_ns);
-  return e.count;
+  return it->second;
 }
 
 uint32_t OpenTable::count(SessionId session, InodeId ino) const {
@@ -36,7 +45,6 @@ uint32_t OpenTable::drop(SessionId session, InodeId ino, uint32_t times, int64_t
   if (it == entries_.end() || it->second.count == 0) return 0;
   Entry& e = it->second;
   e.count = times >= e.count ? 0 : e.count - times;
-  if (e.count == 0) --held_;
   if (e.count == 0 && e.stored == 0) {
     erase(k);  // never reached the store: nothing to write
     return 0;
@@ -75,7 +83,6 @@ void OpenTable::drop_session(SessionId session, WriteBatch* batch) {
     const Key k{session.value, ino};
     auto e = entries_.find(k);
     if (e == entries_.end()) continue;
-    if (e->second.count > 0) --held_;
     e->second.count = 0;
     if (e->second.stored == 0) {
       erase(k);  // never stored: nothing to delete
@@ -87,15 +94,9 @@ void OpenTable::drop_session(SessionId session, WriteBatch* batch) {
 
 void OpenTable::load(SessionId session, InodeId ino, uint32_t count) {
   if (count == 0) return;
-  const Key k{session.value, ino.value};
-  auto [it, fresh] = entries_.try_emplace(k);
-  if (fresh) {
-    by_inode_[k.ino].insert(k.session);
-    by_session_[k.session].insert(k.ino);
-  }
-  if (it->second.count == 0) ++held_;
-  it->second.count = count;
-  it->second.stored = count;
+  Entry& e = entry(Key{session.value, ino.value});
+  e.count = count;
+  e.stored = count;
 }
 
 void OpenTable::store_inode(InodeId ino, WriteBatch* batch) {

@@ -60,8 +60,8 @@ class OpenTable {
   // applied (those opens are written again by the next flush_aged).
   void written_applied();
   void written_dropped();
-  // Opens held (sessions × inodes with a count above zero).
-  size_t size() const { return held_; }
+  // Opens held (sessions × inodes with a count above zero); counts every entry.
+  size_t size() const;
 
  private:
   struct Key {
@@ -77,6 +77,8 @@ class OpenTable {
     uint32_t stored = 0;  // the count the store holds (0: no record)
   };
 
+  // The entry of `k`, made (and indexed) if there is none.
+  Entry& entry(const Key& k);
   // Marks `k` changed at `now_ns` (queued for flush_aged once it differs from the store).
   void touch(const Key& k, const Entry& e, int64_t now_ns);
   // Writes `k` as it is now into `batch` (pending until written_applied()).
@@ -89,7 +91,6 @@ class OpenTable {
   // Entries that changed, oldest first; an entry may be here more than once, or be clean again.
   std::deque<std::pair<Key, int64_t>> changed_;
   std::vector<std::pair<Key, uint32_t>> written_;  // written into a batch not applied yet: the count
-  size_t held_ = 0;
 };
 
 }  // namespace penstock::meta
