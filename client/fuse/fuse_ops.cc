@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "client/fuse/errno_map.h"
+#include "client/fuse/fuse_ring.h"
 #include "client/fuse/mount_options.h"
 #include "client/lib/layout_text.h"
 #include "common/base/log.h"
@@ -365,18 +366,21 @@ void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
 
 // An rmdir or rename whose outcome is unknown (the reply was lost) may have been applied without
 // waiting for this mount's entry leases, and on such an error the kernel keeps its dentries: drop
-// them once the reply is out (before it, the kernel holds the directory's lock and waits for us).
+// them once the reply has reached the kernel (before it, the kernel holds the directory's lock and
+// waits for us; on a FUSE ring thread the reply goes out only after the op returns, so after_reply).
 // `se` is read before the reply, which frees req.
 void forget_entries_if_unknown(fuse_session* se, const Status& st,
-                               std::initializer_list<std::pair<fuse_ino_t, const char*>> names) {
+                               std::initializer_list<std::pair<fuse_ino_t, std::string>> names) {
   if (!failed_in_transit(st.code()) || se == nullptr) return;
-  for (const auto& [parent, name] : names) {
-    const int rc = fuse_lowlevel_notify_inval_entry(se, parent, name, std::strlen(name));
-    if (rc != 0 && rc != -ENOENT) {
-      PENSTOCK_LOG(Warn) << "cannot drop the kernel's entry " << name << " in directory " << parent << ": "
-                         << std::strerror(-rc);
+  after_reply([se, entries = std::vector<std::pair<fuse_ino_t, std::string>>(names)] {
+    for (const auto& [parent, name] : entries) {
+      const int rc = fuse_lowlevel_notify_inval_entry(se, parent, name.c_str(), name.size());
+      if (rc != 0 && rc != -ENOENT) {
+        PENSTOCK_LOG(Warn) << "cannot drop the kernel's entry " << name << " in directory " << parent << ": "
+                           << std::strerror(-rc);
+      }
     }
-  }
+  });
 }
 
 void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
@@ -384,7 +388,7 @@ void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
   const std::string kept = name;  // req (and with it name) is gone after the reply
   fuse_session* se = static_cast<MountState*>(fuse_req_userdata(req))->session;
   reply_status(req, st, "rmdir", parent);
-  forget_entries_if_unknown(se, st, {{parent, kept.c_str()}});
+  forget_entries_if_unknown(se, st, {{parent, kept}});
 }
 
 void op_symlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
@@ -406,7 +410,7 @@ void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t n
   const std::string kept_name = name, kept_newname = newname;  // gone with req after the reply
   fuse_session* se = static_cast<MountState*>(fuse_req_userdata(req))->session;
   reply_status(req, st, "rename", parent);
-  forget_entries_if_unknown(se, st, {{parent, kept_name.c_str()}, {newparent, kept_newname.c_str()}});
+  forget_entries_if_unknown(se, st, {{parent, kept_name}, {newparent, kept_newname}});
 }
 
 void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname) {
@@ -477,11 +481,16 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   // blocks until the reply has been written, and is emptied after it so no block stays pinned.
   thread_local std::vector<uint8_t> scratch;
   thread_local client::ReadPieces pieces;
-  if (scratch.size() < size) scratch.resize(size);
+  // On a FUSE ring thread the direct bytes land in the ring's reply buffer itself.
+  uint8_t* direct_to = ring_reply_buffer(size);
+  if (direct_to == nullptr) {
+    if (scratch.size() < size) scratch.resize(size);
+    direct_to = scratch.data();
+  }
   auto layout = layout_of(req, fh);
   if (!layout.has_value()) return reply_status(req, layout.error(), "read", ino);
   auto r = client_of(req).read_pieces(fh->ino, **layout, fh->size_hint.load(), static_cast<uint64_t>(off),
-                                      std::span<uint8_t>(scratch.data(), size), fh->read_ctx.get(), &pieces);
+                                      std::span<uint8_t>(direct_to, size), fh->read_ctx.get(), &pieces);
   if (!r.has_value()) {
     pieces.clear();
     return reply_status(req, r.error(), "read", ino);

@@ -25,12 +25,16 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <algorithm>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "client/fuse/fuse_ops.h"
+#include "client/fuse/fuse_ring.h"
 #include "client/fuse/mount_options.h"
 #include "client/lib/client.h"
 #include "common/base/log.h"
@@ -162,7 +166,7 @@ int main(int argc, char** argv) {
       "Unmount with `fusermount3 -u MOUNTPOINT` (or umount as root)."};
   app.set_config("--config", "", "read options from a TOML file (keys: meta, threads, clone-fd, "
                                  "direct-io, direct-writes, create-behind, foreground, log-level, log-file, transport, cache-size, readahead-max, "
-                                 "dirty-limit, kernel-readahead, sched)");
+                                 "dirty-limit, kernel-readahead, sched, fuse-uring)");
   app.add_option("--meta", s.meta, "penstock-meta address host:port")->capture_default_str();
   app.add_flag("-f,--foreground", s.foreground, "stay in the foreground, logging to stderr");
   app.add_option("--threads", s.threads, "most FUSE worker threads")->check(CLI::Range(1, 1024))->capture_default_str();
@@ -208,11 +212,17 @@ int main(int argc, char** argv) {
                  "traffic adds less to the application's latency) or normal (SCHED_OTHER)")
       ->check(CLI::IsMember({"batch", "normal"}))
       ->capture_default_str();
+  app.add_option("--fuse-uring", s.fuse_uring,
+                 "FUSE requests over io_uring (Linux 6.14+): auto (when the kernel offers it, i.e. "
+                 "/sys/module/fuse/parameters/enable_uring is Y), on (also switch that parameter on; root) "
+                 "or off (/dev/fuse). Each request is then answered by a thread on its caller's CPU")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   app.add_option("-o", option_lists,
                  "mount options: meta=HOST:PORT, threads=N, clone_fd, direct_io, direct_writes, "
                  "[no_]create_behind, log_level=L, log_file=F, ro, "
                  "transport=auto|rdma|tcp, cache_size=S, readahead_max=S, dirty_limit=S, "
-                 "kernel_readahead=S, sched=batch|normal; the "
+                 "kernel_readahead=S, sched=batch|normal, fuse_uring=auto|on|off; the "
                  "generic rw, defaults, nodev, nosuid, noatime, _netdev, allow_other, ... are accepted")
       ->allow_extra_args(false);
   app.add_option("args", positionals, "[META_ADDR] MOUNTPOINT")->required()->expected(1, 2);
@@ -317,6 +327,12 @@ int main(int argc, char** argv) {
     client->shutdown();
     die("cannot install signal handlers");
   }
+  // Before the mount: the kernel decides whether to offer the ring in the INIT it sends then.
+  std::unique_ptr<penstock::fuse::FuseRing> ring;
+  std::string no_ring;
+  // As many serving threads as the /dev/fuse loop may start, spread over the CPUs' queues.
+  const int per_queue = std::max(2, s.threads / std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  ring = penstock::fuse::FuseRing::prepare(s.fuse_uring, per_queue, &no_ring);
   if (fuse_session_mount(se, mountpoint.c_str()) != 0) {
     fuse_remove_signal_handlers(se);
     fuse_session_destroy(se);
@@ -324,7 +340,18 @@ int main(int argc, char** argv) {
     die("cannot mount at " + mountpoint +
         " (see the message above; is /dev/fuse available and the directory not already a mount?)");
   }
-  if (s.kernel_readahead != 0 && serve_init(se)) set_kernel_readahead(mountpoint, s.kernel_readahead);
+  if (ring != nullptr && !ring->attach(se, &no_ring)) ring.reset();
+  const bool init_served = (s.kernel_readahead != 0 || ring != nullptr) && serve_init(se);
+  if (init_served && s.kernel_readahead != 0) set_kernel_readahead(mountpoint, s.kernel_readahead);
+  if (ring != nullptr && !ring->start(&no_ring)) ring.reset();
+  if (ring != nullptr) {
+    PENSTOCK_LOG(Info) << "FUSE requests come over io_uring: " << ring->queues() << " CPU queues, "
+                       << ring->threads() << " threads pinned to their CPUs";
+  } else if (s.fuse_uring == "on") {
+    PENSTOCK_LOG(Warn) << "FUSE requests go through /dev/fuse: " << no_ring;
+  } else {
+    PENSTOCK_LOG(Info) << "FUSE requests go through /dev/fuse: " << no_ring;
+  }
   PENSTOCK_LOG(Info) << "mounted penstock:" << s.meta << " at " << mountpoint << " (threads " << s.threads
                      << (s.clone_fd ? ", clone_fd" : "") << (s.direct_io ? ", direct_io" : "") << (state.direct_writes ? ", direct_writes" : "") << "; cache " << s.cache_size << " bytes, read-ahead up to "
                      << s.readahead_max << " bytes per stream, write-behind up to " << s.dirty_limit
@@ -341,6 +368,7 @@ int main(int argc, char** argv) {
 
   PENSTOCK_LOG(Info) << "unmounting " << mountpoint;
   fuse_session_unmount(se);
+  if (ring != nullptr) ring->stop();  // its threads use the session until they end
   fuse_remove_signal_handlers(se);
   fuse_session_destroy(se);  // runs op_destroy, which closes the meta session
   client->shutdown();

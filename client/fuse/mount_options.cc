@@ -108,6 +108,12 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
         return bad("mount option sched=" + std::string(value) + " is not batch or normal");
       }
       s->sched = std::string(value);
+    } else if (key == "fuse_uring") {
+      PENSTOCK_RETURN_IF_ERROR(need_value());
+      if (value != "auto" && value != "on" && value != "off") {
+        return bad("mount option fuse_uring=" + std::string(value) + " is not auto, on or off");
+      }
+      s->fuse_uring = std::string(value);
     } else if (key.starts_with("x-")) {
       continue;
     } else {
@@ -116,7 +122,7 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
       if (!ignored) {
         return bad("unknown mount option '" + std::string(opt) +
                    "' (penstock options: meta=, threads=, clone_fd, direct_io, direct_writes, [no_]create_behind, log_level=, log_file=, ro, transport=, "
-                   "cache_size=, readahead_max=, dirty_limit=, kernel_readahead=, sched=)");
+                   "cache_size=, readahead_max=, dirty_limit=, kernel_readahead=, sched=, fuse_uring=)");
       }
       if (key == "rw") s->read_only = false;
     }

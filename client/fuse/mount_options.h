@@ -61,6 +61,12 @@ struct MountSettings {
   // not cut into the application's own threads: a training reader's p99 during a checkpoint
   // burst through the same mount went 7.9x -> 2.1x of its idle p99 (docs/performance.md).
   std::string sched = "batch";
+  // FUSE over io_uring (client/fuse/fuse_ring.h): "auto" uses it when the kernel offers it (Linux
+  // 6.14+, /sys/module/fuse/parameters/enable_uring = Y), "on" also switches that parameter on
+  // (root), "off" keeps /dev/fuse. The kernel then queues each request on its caller's CPU and
+  // threads pinned there answer it: 4 processes creating files in one directory went from 5.6-8.5k
+  // to 14-23k/s here; restores pay one more copy (docs/performance.md, round 19).
+  std::string fuse_uring = "auto";
 
   static constexpr uint64_t kDefaultKernelReadahead = 1ull << 20;
   static constexpr uint64_t kMaxKernelReadahead = 1ull << 30;
@@ -70,7 +76,7 @@ struct MountSettings {
 // clone_fd, direct_io, direct_writes, create_behind, no_create_behind, log_level=LEVEL, log_file=PATH, foreground, ro, transport=auto|rdma|tcp,
 // cache_size=SIZE, readahead_max=SIZE, dirty_limit=SIZE, kernel_readahead=SIZE (SIZE: bytes with
 // an optional K, M, G or T suffix, powers of 1024; kernel_readahead: whole KiB, at most 1G),
-// sched=batch|normal.
+// sched=batch|normal, fuse_uring=auto|on|off.
 // Accepted and
 // ignored (mount(8) and fstab pass them; their effect is built in or handled by mount(8)): rw,
 // defaults, nodev, nosuid, dev, suid, exec, noexec, noatime, relatime, atime, auto, noauto, user,

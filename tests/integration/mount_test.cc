@@ -1,7 +1,8 @@
 // How penstock-mount starts and fails: against a metadata server that is not there it exits
 // non-zero within seconds and leaves nothing mounted; through the mount(8) helper
 // (deploy/mount.fuse.penstock SOURCE MOUNTPOINT -o OPTIONS) it mounts a running cluster, every
-// thread of the mount at SCHED_BATCH unless sched=normal is given.
+// thread of the mount at SCHED_BATCH unless sched=normal is given; with fuse_uring=on (Linux 6.14+)
+// it answers FUSE requests over io_uring from threads pinned to each CPU.
 #include <arpa/inet.h>
 #include <sched.h>
 #include <dirent.h>
@@ -11,14 +12,17 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -182,6 +186,163 @@ class MountTest : public ::testing::Test {
   std::string dir_;
   std::vector<std::string> made_;  // mount points this test may have mounted
 };
+
+// The checks one process runs through a mount from one CPU: "" when all pass, else what failed.
+// Run in a child pinned to that CPU, so that over FUSE io_uring its requests reach that CPU's queue.
+std::string exercise_from_this_cpu(const std::string& dir) {
+  auto fail = [](const std::string& what) { return what + ": " + errno_name(errno); };
+  if (mkdir(dir.c_str(), 0755) != 0) return fail("mkdir " + dir);
+  constexpr int kFiles = 300;
+  for (int i = 0; i < kFiles; ++i) {
+    const std::string path = dir + "/f-" + std::to_string(i);
+    if (!write_file(path, "file " + std::to_string(i))) return "write " + path;
+  }
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return fail("opendir " + dir);
+  int entries = 0;
+  while (dirent* e = readdir(d)) entries += e->d_name[0] != '.';
+  closedir(d);
+  if (entries != kFiles) return "readdir of " + dir + " listed " + std::to_string(entries) + " names";
+  for (int i = 0; i < kFiles; i += 7) {
+    std::string back;
+    const std::string path = dir + "/f-" + std::to_string(i);
+    if (!read_file(path, &back) || back != "file " + std::to_string(i)) return "read back " + path;
+  }
+  if (rename((dir + "/f-0").c_str(), (dir + "/g-0").c_str()) != 0) return fail("rename");
+  if (unlink((dir + "/f-1").c_str()) != 0) return fail("unlink");
+  if (symlink("g-0", (dir + "/link").c_str()) != 0) return fail("symlink");
+  char target[64] = {};
+  if (readlink((dir + "/link").c_str(), target, sizeof(target) - 1) != 3 || std::string(target) != "g-0") {
+    return fail("readlink");
+  }
+  // A file larger than one FUSE request (1 MiB), written in 1 MiB pieces, read whole, then at
+  // unaligned offsets (reads the cache serves and reads it does not), then cut short.
+  const std::string big = dir + "/big";
+  const size_t len = (3u << 20) + 12345;
+  const std::string data = pattern(len, 0, 41);
+  {
+    UniqueFd fd(open(big.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644));
+    if (fd.get() < 0) return fail("create " + big);
+    for (size_t off = 0; off < len; off += 1u << 20) {
+      if (!pwrite_all(fd.get(), std::string_view(data).substr(off, 1u << 20), static_cast<off_t>(off))) {
+        return fail("write " + big);
+      }
+    }
+    if (fsync(fd.get()) != 0) return fail("fsync " + big);
+    if (fd.close() != 0) return fail("close " + big);
+  }
+  std::string back;
+  if (!read_file(big, &back) || back != data) return "reading " + big + " back whole gave other bytes";
+  UniqueFd fd(open(big.c_str(), O_RDONLY));
+  if (fd.get() < 0) return fail("open " + big);
+  for (size_t off : {size_t{1}, size_t{777777}, size_t{2u << 20}, len - 5000}) {
+    std::string part(70000, '\0');
+    const ssize_t n = pread(fd.get(), part.data(), part.size(), static_cast<off_t>(off));
+    const size_t want = std::min(part.size(), len - off);
+    if (n != static_cast<ssize_t>(want) || part.substr(0, want) != data.substr(off, want)) {
+      return "pread of " + big + " at " + std::to_string(off) + " gave other bytes";
+    }
+  }
+  if (truncate(big.c_str(), 1000) != 0) return fail("truncate " + big);
+  struct stat st {};
+  if (stat(big.c_str(), &st) != 0 || st.st_size != 1000) return fail("stat after truncate");
+  return "";
+}
+
+// FUSE over io_uring (-o fuse_uring=on, Linux 6.14+): the mount switches the kernel's enable_uring
+// on, says so before it detaches, pins its ring threads to every CPU, and answers each CPU's
+// queue: a process pinned to each CPU creates, lists, reads, renames, links, writes and reads a
+// 3 MiB file back. Unmounting ends the daemon; so does SIGTERM on a second ring mount. The
+// parameter is set back to what it was.
+TEST_F(MountTest, FuseRingAnswersTheQueueOfEveryCpu) {
+  const std::string param = "/sys/module/fuse/parameters/enable_uring";
+  std::string before;
+  if (!read_file(param, &before)) GTEST_SKIP() << "this kernel has no FUSE over io_uring (" << param << ")";
+  struct Restore {
+    std::string path, value;
+    ~Restore() { std::ofstream(path) << value; }
+  } restore{param, before};
+  Cluster cluster;
+  ASSERT_TRUE(cluster.up());
+  std::string mnt, said;
+  ASSERT_TRUE(mount_with_options(cluster, "ring-mnt", "fuse_uring=on", &mnt, &said));
+  if (said.find("FUSE requests come over io_uring") == std::string::npos) {
+    if (said.find("io_uring is not available") != std::string::npos) GTEST_SKIP() << said;
+    FAIL() << "the mount did not take the ring:\n" << said;
+  }
+  std::vector<pid_t> pids = mount_daemons_for(mnt);
+  ASSERT_EQ(pids.size(), 1u);
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 4; ++c) {
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  }
+  // Ring threads pinned to each CPU this test may use.
+  std::map<std::string, int> pinned;
+  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pids[0]) + "/task")) {
+    std::ifstream in(e.path() / "status");
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("Cpus_allowed_list:", 0) == 0) ++pinned[line.substr(line.find_first_not_of(" \t", 18))];
+    }
+  }
+  for (int c : cpus) EXPECT_GE(pinned[std::to_string(c)], 2) << "ring threads pinned to CPU " << c;
+
+  std::vector<pid_t> children;
+  std::vector<int> pipes;
+  for (int c : cpus) {
+    int p[2];
+    ASSERT_EQ(pipe(p), 0);
+    pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      close(p[0]);
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(c, &one);
+      std::string err = sched_setaffinity(0, sizeof(one), &one) == 0
+                            ? exercise_from_this_cpu(mnt + "/cpu" + std::to_string(c))
+                            : "sched_setaffinity: " + errno_name(errno);
+      if (!err.empty()) (void)!write(p[1], err.data(), err.size());
+      _exit(err.empty() ? 0 : 1);
+    }
+    close(p[1]);
+    children.push_back(child);
+    pipes.push_back(p[0]);
+  }
+  for (size_t i = 0; i < children.size(); ++i) {
+    std::string err;
+    char buf[512];
+    for (ssize_t n; (n = read(pipes[i], buf, sizeof(buf))) > 0;) err.append(buf, static_cast<size_t>(n));
+    close(pipes[i]);
+    int status = 0;
+    ASSERT_EQ(waitpid(children[i], &status, 0), children[i]);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "from CPU " << cpus[i] << ": " << err;
+  }
+  // What one mount wrote, another (the cluster's own /dev/fuse or ring mount) reads.
+  std::string back;
+  ASSERT_TRUE(read_file(cluster.mount_path() + "/cpu" + std::to_string(cpus[0]) + "/f-5", &back));
+  EXPECT_EQ(back, "file 5");
+
+  unmount_and_reap(mnt);
+  EXPECT_FALSE(is_mount_point(mnt));
+  EXPECT_TRUE(mount_daemons_for(mnt).empty());
+
+  std::string mnt2;
+  ASSERT_TRUE(mount_with_options(cluster, "ring-mnt2", "fuse_uring=on", &mnt2, &said));
+  EXPECT_NE(said.find("FUSE requests come over io_uring"), std::string::npos) << said;
+  ASSERT_TRUE(read_file(mnt2 + "/cpu" + std::to_string(cpus[0]) + "/g-0", &back));
+  EXPECT_EQ(back, "file 0");
+  pids = mount_daemons_for(mnt2);
+  ASSERT_EQ(pids.size(), 1u);
+  ASSERT_EQ(kill(pids[0], SIGTERM), 0);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((!mount_daemons_for(mnt2).empty() || is_mount_point(mnt2)) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(mount_daemons_for(mnt2).empty()) << "a ring mount did not end within 10 s of SIGTERM";
+  EXPECT_FALSE(is_mount_point(mnt2));
+}
 
 TEST_F(MountTest, UnreachableMetaExitsNonZeroWithinTenSeconds) {
   int port = closed_port();

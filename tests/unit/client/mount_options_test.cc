@@ -125,6 +125,22 @@ TEST(MountOptions, SchedPolicy) {
   }
 }
 
+TEST(MountOptions, FuseUring) {
+  MountSettings s;
+  EXPECT_EQ(s.fuse_uring, "auto");
+  for (const char* mode : {"on", "off", "auto"}) {
+    ASSERT_TRUE(apply_mount_options(std::string("fuse_uring=") + mode, &s).is_ok()) << mode;
+    EXPECT_EQ(s.fuse_uring, mode);
+  }
+  for (const char* bad : {"fuse_uring", "fuse_uring=", "fuse_uring=yes", "fuse_uring=ON"}) {
+    MountSettings t;
+    t.fuse_uring = "off";
+    Status st = apply_mount_options(bad, &t);
+    EXPECT_EQ(st.code(), Code::kInvalid) << bad;
+    EXPECT_EQ(t.fuse_uring, "off") << bad;
+  }
+}
+
 // The policy is the calling thread's and is inherited by threads it starts afterwards; the test
 // runs it on a thread of its own so the test process's main thread keeps its policy.
 TEST(MountOptions, ApplySchedPolicyIsInheritedByNewThreads) {
