@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/fuse/mount_options.h"  // count_cpu_list
 #include "common/base/log.h"
 
 namespace penstock::fuse {
@@ -159,24 +160,13 @@ ssize_t ring_io_read(int fd, void* buf, size_t len, void* /*userdata*/) {
 
 const fuse_custom_io kRingIo = {ring_io_writev, ring_io_read, nullptr, nullptr};
 
-// How many CPUs are possible (/sys/devices/system/cpu/possible, a list such as "0-3,8"): the
-// kernel makes that many queues and picks the queue of a request by the CPU its caller runs on.
+// How many CPUs are possible: the kernel makes that many queues and picks the queue of a request
+// by the CPU its caller runs on.
 int possible_cpus() {
   std::ifstream in("/sys/devices/system/cpu/possible");
   std::string text;
   std::getline(in, text);
-  int count = 0;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t end = text.find(',', pos);
-    if (end == std::string::npos) end = text.size();
-    const std::string part = text.substr(pos, end - pos);
-    const size_t dash = part.find('-');
-    const int first = std::atoi(part.c_str());
-    const int last = dash == std::string::npos ? first : std::atoi(part.c_str() + dash + 1);
-    if (last >= first) count += last - first + 1;
-    pos = end + 1;
-  }
+  const int count = count_cpu_list(text);
   return count > 0 ? count : std::max(get_nprocs_conf(), 1);
 }
 

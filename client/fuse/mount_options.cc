@@ -255,4 +255,34 @@ Result<uint64_t> set_bdi_read_ahead(const std::string& sysfs_bdi_dir, dev_t dev,
   return old_kb;
 }
 
+int count_cpu_list(std::string_view list) {
+  while (!list.empty() && (list.back() == '\n' || list.back() == ' ')) list.remove_suffix(1);
+  if (list.empty()) return 0;
+  int count = 0;
+  for (size_t pos = 0; pos <= list.size();) {
+    size_t end = list.find(',', pos);
+    if (end == std::string_view::npos) end = list.size();
+    const std::string_view part = list.substr(pos, end - pos);
+    const size_t dash = part.find('-');
+    auto number = [](std::string_view text, int* out) {
+      if (text.empty() || text.size() > 6 || text.find_first_not_of("0123456789") != std::string_view::npos) {
+        return false;
+      }
+      *out = std::stoi(std::string(text));
+      return true;
+    };
+    int first = 0;
+    int last = 0;
+    if (!number(part.substr(0, dash), &first)) return 0;
+    if (dash == std::string_view::npos) {
+      last = first;
+    } else if (!number(part.substr(dash + 1), &last) || last < first) {
+      return 0;
+    }
+    count += last - first + 1;
+    pos = end + 1;
+  }
+  return count;
+}
+
 }  // namespace penstock::fuse

@@ -118,4 +118,9 @@ Result<dev_t> fuse_mount_dev(std::string_view mountinfo, std::string_view mountp
 // the file may not be written (not root), kIo for other failures; the file is then unchanged.
 Result<uint64_t> set_bdi_read_ahead(const std::string& sysfs_bdi_dir, dev_t dev, uint64_t bytes);
 
+// How many CPUs a kernel CPU list names ("0-3,8" -> 5; the format of
+// /sys/devices/system/cpu/possible): the FUSE ring has one queue per possible CPU. 0 for text that
+// is not such a list.
+int count_cpu_list(std::string_view list);
+
 }  // namespace penstock::fuse

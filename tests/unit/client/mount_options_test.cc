@@ -141,6 +141,16 @@ TEST(MountOptions, FuseUring) {
   }
 }
 
+TEST(MountOptions, CountCpuList) {
+  EXPECT_EQ(count_cpu_list("0-1\n"), 2);
+  EXPECT_EQ(count_cpu_list("0"), 1);
+  EXPECT_EQ(count_cpu_list("0-3,8"), 5);
+  EXPECT_EQ(count_cpu_list("0-3,8-11,16"), 9);
+  for (const char* bad : {"", "\n", "-", "0-", "3-1", "a", "0,,1", "0-1,", "1234567"}) {
+    EXPECT_EQ(count_cpu_list(bad), 0) << bad;
+  }
+}
+
 // The policy is the calling thread's and is inherited by threads it starts afterwards; the test
 // runs it on a thread of its own so the test process's main thread keeps its policy.
 TEST(MountOptions, ApplySchedPolicyIsInheritedByNewThreads) {
