@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/sysinfo.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -15,7 +14,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <fstream>
 #include <functional>
 #include <future>
@@ -160,14 +162,13 @@ ssize_t ring_io_read(int fd, void* buf, size_t len, void* /*userdata*/) {
 
 const fuse_custom_io kRingIo = {ring_io_writev, ring_io_read, nullptr, nullptr};
 
-// How many CPUs are possible: the kernel makes that many queues and picks the queue of a request
-// by the CPU its caller runs on.
+// How many CPUs are possible (0 when the kernel does not say): the kernel makes that many queues
+// and picks the queue of a request by the CPU its caller runs on.
 int possible_cpus() {
   std::ifstream in("/sys/devices/system/cpu/possible");
   std::string text;
   std::getline(in, text);
-  const int count = count_cpu_list(text);
-  return count > 0 ? count : std::max(get_nprocs_conf(), 1);
+  return count_cpu_list(text);
 }
 
 void no_op_signal(int) {}
@@ -195,6 +196,58 @@ bool queue_cmd(io_uring* ring, int fuse_fd, uint32_t cmd_op, uint64_t commit_id,
 
 }  // namespace
 
+// One thread that runs what ring threads hand over once their commit is in (after_reply): a ring
+// thread's entry is armed again by then, so it must not itself wait for the kernel.
+class Notifier {
+ public:
+  void post(std::vector<std::function<void()>> fns) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!thread_.joinable() && !stopping_) {
+      try {
+        thread_ = std::thread([this] { run(); });
+      } catch (const std::system_error& e) {
+        lock.unlock();
+        PENSTOCK_LOG(Warn) << "FUSE ring: no notifier thread (" << e.what() << "); notifying from the ring thread";
+        for (auto& fn : fns) fn();
+        return;
+      }
+    }
+    for (auto& fn : fns) queue_.push_back(std::move(fn));
+    cv_.notify_one();
+  }
+
+  // Runs what is queued, then ends the thread.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void run() {
+    pthread_setname_np(pthread_self(), "fuse-ring-note");
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      std::function<void()> fn = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
 struct FuseRing::Impl {
   fuse_session* se = nullptr;
   int fuse_fd = -1;  // our own descriptor of the session's /dev/fuse: libfuse closes its one at unmount
@@ -205,6 +258,7 @@ struct FuseRing::Impl {
   int queues = 0;
   int per_queue = 0;
   std::atomic<bool> stopping{false};
+  Notifier notifier;
   struct Worker {
     std::thread thread;
     std::atomic<bool> exited{false};
@@ -222,10 +276,16 @@ struct FuseRing::Impl {
       CPU_SET(qid, &set);
       pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
     }
+    // stop()'s wake-up signal is blocked while this thread serves a request and let in only while
+    // it waits for the next (io_uring_wait_cqes' sigmask): it cannot cut into an op, and one sent
+    // before the wait is delivered as the wait begins.
     sigset_t wake;
     sigemptyset(&wake);
     sigaddset(&wake, kWakeSignal);
-    pthread_sigmask(SIG_UNBLOCK, &wake, nullptr);
+    pthread_sigmask(SIG_BLOCK, &wake, nullptr);
+    sigset_t waiting;
+    pthread_sigmask(SIG_BLOCK, nullptr, &waiting);
+    sigdelset(&waiting, kWakeSignal);
 
     io_uring ring{};
     io_uring_params params{};
@@ -253,6 +313,24 @@ struct FuseRing::Impl {
     e.block = static_cast<char*>(mem);
     struct iovec bufs[2] = {{&e.header, sizeof(e.header)}, {e.payload(), payload}};
 
+    int complaints = 0;
+    auto complain = [&](const std::string& what) {
+      if (++complaints <= 10 || complaints % 1000 == 0) {
+        PENSTOCK_LOG(Error) << "FUSE ring queue " << qid << ": " << what << " (" << complaints << " so far)";
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(complaints, 100)));
+    };
+    // Submits what is queued, retrying until the kernel has taken it (or stop()): a command left in
+    // the queue would go out later beside the next one, and an entry never sent leaves its queue
+    // a waiter short. False only when stopping.
+    auto submit_queued = [&]() {
+      while (io_uring_sq_ready(&ring) > 0) {
+        if (stopping.load(std::memory_order_acquire)) return false;
+        const int n = io_uring_submit(&ring);
+        if (n < 0 && n != -EINTR) complain(std::string("submitting a ring command failed: ") + std::strerror(-n));
+      }
+      return true;
+    };
     auto submit_register = [&]() {
       if (!queue_cmd(&ring, fuse_fd, kCmdRegister, 0, qid, bufs)) return -EBUSY;
       return io_uring_submit(&ring);
@@ -273,17 +351,9 @@ struct FuseRing::Impl {
     // hanging, so this thread leaves only when the connection ended or stop() asks; anything else
     // it meets is logged and the entry registered again.
     bool serving = rc >= 0;
-    int complaints = 0;
-    auto complain = [&](const std::string& what) {
-      if (++complaints <= 10 || complaints % 1000 == 0) {
-        PENSTOCK_LOG(Error) << "FUSE ring queue " << qid << ": " << what << " (" << complaints
-                            << " so far); registering the entry again";
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(complaints, 100)));
-    };
     while (serving && !stopping.load(std::memory_order_acquire)) {
       io_uring_cqe* cqe = nullptr;
-      rc = io_uring_wait_cqe(&ring, &cqe);
+      rc = io_uring_wait_cqes(&ring, &cqe, 1, nullptr, &waiting);
       if (rc == -EINTR) continue;
       if (rc < 0) {
         complain(std::string("waiting for a request failed: ") + std::strerror(-rc));
@@ -293,18 +363,25 @@ struct FuseRing::Impl {
       io_uring_cqe_seen(&ring, cqe);
       if (res < 0) {
         if (connection_ended(res) || stopping.load()) break;
-        complain(std::string("the kernel refused a register or reply: ") + std::strerror(-res));
-        if ((rc = submit_register()) < 0) complain(std::string("register: ") + std::strerror(-rc));
+        // The old kernel entry stays behind without a command; registering the buffers again
+        // gives this thread a new one.
+        complain(std::string("the kernel refused a register or reply (") + std::strerror(-res) +
+                 "); registering the entry again");
+        if (queue_cmd(&ring, fuse_fd, kCmdRegister, 0, qid, bufs)) serving = submit_queued();
         continue;
       }
       handle(&e);
-      rc = queue_cmd(&ring, fuse_fd, kCmdCommitAndFetch, e.commit_id, qid, nullptr) ? io_uring_submit(&ring) : -EBUSY;
-      // The commit is handled during the submit: the reply has reached the kernel now.
-      for (auto& fn : e.after_reply) fn();
-      e.after_reply.clear();
-      if (rc < 0) {
-        complain(std::string("sending a reply failed: ") + std::strerror(-rc));
-        if ((rc = submit_register()) < 0) complain(std::string("register: ") + std::strerror(-rc));
+      if (!queue_cmd(&ring, fuse_fd, kCmdCommitAndFetch, e.commit_id, qid, nullptr)) {
+        complain("no room for the reply in the submission queue");
+        continue;
+      }
+      serving = submit_queued();
+      // The commit was handled during the submit, so the reply has reached the kernel. What waits
+      // for that runs on the notifier thread: this thread's entry is armed again, and a request
+      // that lands in it must not wait behind a notification that waits for that request's locks.
+      if (!e.after_reply.empty()) {
+        if (serving) notifier.post(std::move(e.after_reply));
+        e.after_reply.clear();
       }
     }
     io_uring_queue_exit(&ring);
@@ -370,7 +447,14 @@ struct FuseRing::Impl {
     char header[8];
     char payload[8];
     struct iovec bufs[2] = {{header, sizeof(header)}, {payload, sizeof(payload)}};
-    if (queue_cmd(&fallback, fuse_fd, kCmdRegister, 0, qid, bufs)) io_uring_submit_and_wait(&fallback, 1);
+    if (!queue_cmd(&fallback, fuse_fd, kCmdRegister, 0, qid, bufs)) return;
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      const int rc = io_uring_submit_and_wait(&fallback, 1);
+      if (rc >= 0) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    PENSTOCK_LOG(Error) << "FUSE ring: cannot send the kernel back to /dev/fuse; requests to this mount will wait "
+                           "until it is unmounted (fusermount3 -u)";
   }
 
   void drop_fallback() {
@@ -378,19 +462,18 @@ struct FuseRing::Impl {
     has_fallback = false;
   }
 
-  // Wakes every thread and waits for it.
+  // Wakes every thread and waits for it, then for the notifier.
   void join_all() {
     stopping.store(true, std::memory_order_release);
     for (auto& w : workers) {
-      // A thread waiting in io_uring_enter returns with EINTR and sees `stopping`; one that
-      // already ended (the kernel closed the connection) needs no signal.
-      for (int i = 0; i < 200 && !w->exited.load(); ++i) {
-        pthread_kill(w->thread.native_handle(), kWakeSignal);
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
+      // A thread waiting for a request returns from the wait with EINTR and sees `stopping`; one
+      // busy with a request gets the signal when it next waits. One that already ended (the kernel
+      // closed the connection) ignores it.
+      if (!w->exited.load()) pthread_kill(w->thread.native_handle(), kWakeSignal);
       w->thread.join();
     }
     workers.clear();
+    notifier.stop();
   }
 };
 
@@ -444,6 +527,12 @@ std::unique_ptr<FuseRing> FuseRing::prepare(const std::string& mode, int threads
   }
   // io_uring may be switched off (kernel.io_uring_disabled) or filtered (seccomp): find out now,
   // before the INIT reply asks the kernel for a ring.
+  const int queues = possible_cpus();
+  if (queues <= 0) {
+    // A guess below the kernel's count would leave a queue without entries: every request would wait.
+    *why_not = "cannot read /sys/devices/system/cpu/possible (the kernel makes one queue per possible CPU)";
+    return nullptr;
+  }
   auto impl = std::make_unique<Impl>();
   io_uring_params params{};
   params.flags = IORING_SETUP_SQE128;
@@ -452,7 +541,7 @@ std::unique_ptr<FuseRing> FuseRing::prepare(const std::string& mode, int threads
     return nullptr;
   }
   impl->has_fallback = true;
-  impl->queues = possible_cpus();
+  impl->queues = queues;
   impl->per_queue = std::max(threads_per_queue, 1);
   return std::unique_ptr<FuseRing>(new FuseRing(std::move(impl)));
 }
