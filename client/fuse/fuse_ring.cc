@@ -259,15 +259,11 @@ struct FuseRing::Impl {
   int per_queue = 0;
   std::atomic<bool> stopping{false};
   Notifier notifier;
-  struct Worker {
-    std::thread thread;
-    std::atomic<bool> exited{false};
-  };
-  std::vector<std::unique_ptr<Worker>> workers;
+  std::vector<std::thread> workers;
 
   // One thread, one io_uring, one entry of queue `qid`. Registers the entry, tells `registered`
   // how that went (0 or -errno), then serves requests until the connection ends or stop().
-  void serve(int qid, bool pin, std::promise<int> registered, Worker* self) {
+  void serve(int qid, bool pin, std::promise<int> registered) {
     const std::string name = "fuse-ring-" + std::to_string(qid);
     pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
     if (pin) {
@@ -298,7 +294,6 @@ struct FuseRing::Impl {
     }
     if (rc < 0) {
       registered.set_value(rc);
-      self->exited.store(true);
       return;
     }
     Entry e;
@@ -307,7 +302,6 @@ struct FuseRing::Impl {
     if (posix_memalign(&mem, 4096, kFront + payload) != 0) {
       io_uring_queue_exit(&ring);
       registered.set_value(-ENOMEM);
-      self->exited.store(true);
       return;
     }
     e.block = static_cast<char*>(mem);
@@ -331,11 +325,7 @@ struct FuseRing::Impl {
       }
       return true;
     };
-    auto submit_register = [&]() {
-      if (!queue_cmd(&ring, fuse_fd, kCmdRegister, 0, qid, bufs)) return -EBUSY;
-      return io_uring_submit(&ring);
-    };
-    rc = submit_register();
+    rc = queue_cmd(&ring, fuse_fd, kCmdRegister, 0, qid, bufs) ? io_uring_submit(&ring) : -EBUSY;
     if (rc >= 0) {
       io_uring_cqe* cqe = nullptr;
       // A refused register completes during the submit; an accepted one only with a request.
@@ -386,7 +376,6 @@ struct FuseRing::Impl {
     }
     io_uring_queue_exit(&ring);
     std::free(e.block);
-    self->exited.store(true);
   }
 
   // Errors with which the kernel completes a ring command once the connection is gone (unmount,
@@ -465,12 +454,12 @@ struct FuseRing::Impl {
   // Wakes every thread and waits for it, then for the notifier.
   void join_all() {
     stopping.store(true, std::memory_order_release);
-    for (auto& w : workers) {
+    for (std::thread& t : workers) {
       // A thread waiting for a request returns from the wait with EINTR and sees `stopping`; one
       // busy with a request gets the signal when it next waits. One that already ended (the kernel
-      // closed the connection) ignores it.
-      if (!w->exited.load()) pthread_kill(w->thread.native_handle(), kWakeSignal);
-      w->thread.join();
+      // closed the connection) is not joined yet, so its handle is still valid for the signal.
+      pthread_kill(t.native_handle(), kWakeSignal);
+      t.join();
     }
     workers.clear();
     notifier.stop();
@@ -599,17 +588,12 @@ bool FuseRing::start(std::string* why_not) {
     for (int t = 0; t < threads; ++t) {
       std::promise<int> registered;
       std::future<int> result = registered.get_future();
-      auto w = std::make_unique<Impl::Worker>();
-      Impl::Worker* wp = w.get();
       try {
-        w->thread = std::thread([&m, q, pin, p = std::move(registered), wp]() mutable {
-          m.serve(q, pin, std::move(p), wp);
-        });
+        m.workers.emplace_back([&m, q, pin, p = std::move(registered)]() mutable { m.serve(q, pin, std::move(p)); });
       } catch (const std::system_error&) {
         if (first_error == 0) first_error = -EAGAIN;
         break;  // no more threads for this queue
       }
-      m.workers.push_back(std::move(w));
       const int rc = result.get();
       if (rc == 0) {
         ++ok_per_queue[static_cast<size_t>(q)];
