@@ -22,8 +22,11 @@ class Backoff {
   void sleep() { sleep(most_); }
   void sleep(std::chrono::milliseconds most) {
     std::this_thread::sleep_for(pause_);
-    pause_ = std::min(pause_ * 2, most);
+    grow(most);
   }
+  // Doubles the pause, up to `most`, without sleeping (for a caller that waits on a timer).
+  void grow() { grow(most_); }
+  void grow(std::chrono::milliseconds most) { pause_ = std::min(pause_ * 2, most); }
   // sleep() when the pause fits before `deadline`; otherwise false, at once.
   bool sleep_before(Clock::time_point deadline) {
     if (!fits(deadline)) return false;

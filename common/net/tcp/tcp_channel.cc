@@ -86,6 +86,27 @@ constexpr auto kStallGrace = std::chrono::seconds(1);
 // How long a channel makes no new blocking connection after the server refused one.
 constexpr auto kRefusedPause = std::chrono::seconds(10);
 
+// Shared by a channel and its connections: whether calls wait while the server refuses connections
+// (TcpOptions::wait_while_refused, until stop_waiting_while_refused()), and whether a connect was
+// refused with none made since, so that an outage is logged once, not once per connection.
+struct RefusedState {
+  explicit RefusedState(bool wait_while_refused) : wait(wait_while_refused) {}
+
+  void note_refused(const std::string& server) {
+    if (!refused_since.exchange(true)) {
+      PENSTOCK_LOG(Warn) << server << " refuses connections (restarting?); calls to it wait for it until their deadline";
+    }
+  }
+  void note_accepted(const std::string& server) {
+    if (refused_since.exchange(false)) {
+      PENSTOCK_LOG(Info) << server << " accepts connections again";
+    }
+  }
+
+  std::atomic<bool> wait;
+  std::atomic<bool> refused_since{false};
+};
+
 struct Pending {
   CallCallback done;
   std::span<uint8_t> bulk_in;
@@ -106,15 +127,18 @@ struct WriteItem {
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(asio::io_context& io, const Endpoint& server, const TcpOptions& options)
+  Connection(asio::io_context& io, const Endpoint& server, const TcpOptions& options,
+             std::shared_ptr<RefusedState> refused)
       : strand_(asio::make_strand(io)),
         socket_(strand_),
         resolver_(strand_),
         connect_timer_(strand_),
+        retry_timer_(strand_),
         sweep_timer_(strand_),
         server_(server),
         address_(server.to_string()),
-        options_(options) {}
+        options_(options),
+        refused_(std::move(refused)) {}
 
   bool is_closed() const { return closed_.load(std::memory_order_acquire); }
 
@@ -188,6 +212,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void on_connected(error_code ec) {
     if (is_closed()) return;
     if (ec) {
+      if (ec == asio::error::connection_refused && !connect_timed_out_ && wait_while_refused()) return;
       std::string reason = connect_timed_out_
                                ? "timed out after " + std::to_string(options_.connect_timeout.count()) + " ms"
                                : ec.message();
@@ -195,6 +220,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return;
     }
     connected_ = true;
+    waiting_refused_ = false;
+    refused_->note_accepted(address_);
     connect_timer_.cancel();
     error_code ignored;
     socket_.set_option(tcp::no_delay(true), ignored);
@@ -204,6 +231,33 @@ class Connection : public std::enable_shared_from_this<Connection> {
       connected_locked_ = true;
     }
     do_write();
+  }
+
+  // The server refused the connect (nothing listens: a restart). When calls may wait for it and one
+  // of them has time left, connects again after a pause (5 ms, doubling up to 200 ms, the last one
+  // cut to end at the latest deadline) and returns true: the requests were never sent, so they may
+  // go later whatever they do. Calls whose deadline passes meanwhile fail with refused_status().
+  bool wait_while_refused() {
+    if (!refused_->wait.load()) return false;
+    auto latest = Clock::time_point::min();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [id, p] : pending_) latest = std::max(latest, p.deadline);
+    }
+    const auto now = Clock::now();
+    if (latest <= now + std::chrono::milliseconds(1)) return false;
+    const auto pause = std::min<Clock::duration>(refused_backoff_.pause(), latest - now);
+    refused_backoff_.grow();
+    refused_->note_refused(address_);
+    waiting_refused_ = true;
+    connect_timer_.cancel();
+    error_code ignored;
+    socket_.close(ignored);
+    retry_timer_.expires_after(pause);
+    retry_timer_.async_wait([self = shared_from_this()](error_code ec) {
+      if (!ec && !self->is_closed()) self->do_connect();
+    });
+    return true;
   }
 
   // ---- inline send (the submitting thread, under mu_) ----
@@ -487,7 +541,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         earliest_deadline_ = earliest;
       }
     }
-    for (auto& done : expired_) done(timed_out());
+    for (auto& done : expired_) done(waiting_refused_ ? refused_status() : timed_out());
     expired_.clear();
     if (stuck) {
       close_with(Status(Code::kUnavailable, "connection to " + address_ + " stalled past a call deadline"));
@@ -513,6 +567,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     socket_.close(ignored);
     resolver_.cancel();
     connect_timer_.cancel();
+    retry_timer_.cancel();
     sweep_timer_.cancel();
     if (!why.is_ok() && why.code() == Code::kProtocol) {
       PENSTOCK_LOG(Warn) << "closing connection: " << why.to_string();
@@ -520,7 +575,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const auto now = Clock::now();
     for (auto& [id, p] : failed) {
       if (now >= p.deadline) {
-        p.done(timed_out());
+        p.done(waiting_refused_ ? refused_status() : timed_out());
       } else {
         p.done(why);
       }
@@ -534,15 +589,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
     return Status(Code::kProtocol, "from " + address_ + ": " + what);
   }
   Status timed_out() const { return Status(Code::kTimeout, "no response from " + address_ + " before the deadline"); }
+  Status refused_status() const {
+    return Status(Code::kUnavailable, "cannot connect to " + address_ +
+                                          ": connection refused until the call's deadline (is the server running?)");
+  }
 
   Strand strand_;
   tcp::socket socket_;
   tcp::resolver resolver_;
   asio::steady_timer connect_timer_;
+  asio::steady_timer retry_timer_;  // the next connect while the server refuses
   asio::steady_timer sweep_timer_;
   const Endpoint server_;
   const std::string address_;
   const TcpOptions options_;
+  const std::shared_ptr<RefusedState> refused_;
 
   std::atomic<bool> closed_{false};
 
@@ -560,6 +621,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Strand-only state.
   bool connected_ = false;
   bool connect_timed_out_ = false;
+  bool waiting_refused_ = false;  // the last connect was refused and another one is due
+  Backoff refused_backoff_{kRefusedFirstPause, kRefusedMostPause};
   std::vector<WriteItem> batch_;
   std::vector<asio::const_buffer> buffers_;
   std::vector<CallCallback> expired_;
@@ -594,7 +657,7 @@ class TcpChannel : public Channel {
         auto& slot = slots_[next_slot_++ % slots_.size()];
         if (!slot || slot->is_closed()) {
           // A fresh connection accepts calls until it is started, so this cannot fail.
-          slot = std::make_shared<Connection>(context(), server_, options_);
+          slot = std::make_shared<Connection>(context(), server_, options_, refused_);
           bool ok = slot->submit(id, call, done);
           PENSTOCK_CHECK(ok);
           slot->start();
@@ -609,11 +672,11 @@ class TcpChannel : public Channel {
   Result<CallReply> call_sync(OutgoingCall call) override {
     PENSTOCK_RETURN_IF_ERROR(check_limits(call));
     std::unique_ptr<BlockingConnection> conn = take_blocking();
-    if (conn == nullptr && wait_while_refused_.load() && refused_since_.load()) {
+    if (conn == nullptr && refused_->wait.load() && refused_->refused_since.load()) {
       // The server refuses and every blocking connection is held by a caller waiting for it: the
       // shared path would fail at once, so this one waits for a connection too.
       Backoff backoff(kRefusedFirstPause, kRefusedMostPause);
-      while (conn == nullptr && refused_since_.load() && backoff.sleep_before(call.deadline)) {
+      while (conn == nullptr && refused_->refused_since.load() && backoff.sleep_before(call.deadline)) {
         conn = take_blocking();
       }
     }
@@ -645,7 +708,7 @@ class TcpChannel : public Channel {
   }
 
   std::string describe() const override { return "tcp " + server_.to_string(); }
-  void stop_waiting_while_refused() override { wait_while_refused_.store(false); }
+  void stop_waiting_while_refused() override { refused_->wait.store(false); }
 
  private:
   // An idle blocking connection that is still usable, or, when fewer than the bound are open, a
@@ -679,16 +742,11 @@ class TcpChannel : public Channel {
       auto made = BlockingConnection::connect(
           server_, std::clamp(left, std::chrono::milliseconds(1), options_.connect_timeout), &refused);
       if (made.has_value()) {
-        if (refused_since_.exchange(false)) {
-          PENSTOCK_LOG(Info) << server_.to_string() << " accepts connections again";
-        }
+        refused_->note_accepted(server_.to_string());
         return made;
       }
-      if (!refused || !wait_while_refused_.load() || !backoff.fits(deadline)) return made;
-      if (!refused_since_.exchange(true)) {
-        PENSTOCK_LOG(Warn) << server_.to_string() << " refuses connections (restarting?); calls to it wait for it "
-                           << "until their deadline";
-      }
+      if (!refused || !refused_->wait.load() || !backoff.fits(deadline)) return made;
+      refused_->note_refused(server_.to_string());
       backoff.sleep();
     }
   }
@@ -726,8 +784,7 @@ class TcpChannel : public Channel {
   std::vector<std::unique_ptr<BlockingConnection>> idle_blocking_;  // guarded by mu_
   int blocking_open_ = 0;  // blocking connections idle, in use or being made; guarded by mu_
   Clock::time_point blocking_paused_until_{};  // no new blocking connection before; guarded by mu_
-  std::atomic<bool> wait_while_refused_{options_.wait_while_refused};
-  std::atomic<bool> refused_since_{false};  // a connect was refused and none was made since
+  const std::shared_ptr<RefusedState> refused_ = std::make_shared<RefusedState>(options_.wait_while_refused);
 };
 
 }  // namespace

@@ -68,6 +68,16 @@ class RpcTest : public ::testing::Test {
 
   void expect_echo_works() { test_service::expect_echo_works(*client_); }
 
+  // Stops the server (its port now refuses connections) and returns a client of that port whose
+  // channel waits while refused or not.
+  rpc::RpcClient client_of_stopped_server(bool wait_while_refused) {
+    server_->stop();
+    server_.reset();
+    net::TcpOptions o{1000ms, 2};
+    o.wait_while_refused = wait_while_refused;
+    return rpc::RpcClient(net::make_tcp_channel(runtime_, net::Endpoint{"127.0.0.1", port_}, o), 5s);
+  }
+
   net::IoRuntime runtime_{2};  // destroyed last
   std::unique_ptr<rpc::RpcServer> server_;
   uint16_t port_ = 0;
@@ -443,12 +453,7 @@ TEST_F(RpcTest, ChannelReconnectsAfterServerRestartOnSamePort) {
 // A channel told to wait while refused (the client's channel to penstock-meta) rides out a server
 // restart: the blocking call connects once the server listens again, within its deadline.
 TEST_F(RpcTest, ABlockingCallWaitsForARestartingServerUntilItsDeadline) {
-  server_->stop();
-  server_.reset();
-  net::TcpOptions o{1000ms, 2};
-  o.wait_while_refused = true;
-  auto channel = net::make_tcp_channel(runtime_, net::Endpoint{"127.0.0.1", port_}, o);
-  rpc::RpcClient client(channel, 5s);
+  rpc::RpcClient client = client_of_stopped_server(true);
   rpc::CallOptions short_deadline;
   short_deadline.timeout = 300ms;
   auto t0 = std::chrono::steady_clock::now();
@@ -469,6 +474,54 @@ TEST_F(RpcTest, ABlockingCallWaitsForARestartingServerUntilItsDeadline) {
   ASSERT_TRUE(back.has_value()) << back.error().to_string();
   EXPECT_EQ(back->text, "after the restart");
   EXPECT_GE(took, 150ms);
+}
+
+// The same for calls on the shared connections (call_async, and call() when every blocking
+// connection is taken): they wait in the connection's queue while the server refuses, and go out
+// once it listens again; a call whose deadline comes first fails with kUnavailable, not kTimeout.
+TEST_F(RpcTest, AnAsyncCallWaitsForARestartingServerUntilItsDeadline) {
+  rpc::RpcClient client = client_of_stopped_server(true);
+  auto call = [&](EchoReq req, std::chrono::milliseconds timeout) {
+    auto p = std::make_shared<std::promise<Result<EchoResp>>>();
+    auto f = p->get_future();
+    rpc::CallOptions opts;
+    opts.timeout = timeout;
+    client.call_async<Echo>(req, opts, [p](Result<EchoResp> r) { p->set_value(std::move(r)); });
+    return f;
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  auto gone = call(EchoReq{}, 300ms).get();
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  ASSERT_FALSE(gone.has_value());
+  EXPECT_EQ(gone.error().code(), Code::kUnavailable) << gone.error().to_string();
+  EXPECT_NE(gone.error().message().find("refused"), std::string::npos) << gone.error().to_string();
+  EXPECT_GE(waited, 250ms) << "it did not wait for the server";
+  EXPECT_LT(waited, 1500ms);
+  // Several calls queued on both connections while the server is away all go out once it is back.
+  t0 = std::chrono::steady_clock::now();
+  std::vector<std::future<Result<EchoResp>>> calls;
+  for (int i = 0; i < 6; ++i) calls.push_back(call(EchoReq{"after the restart " + std::to_string(i)}, 5s));
+  std::this_thread::sleep_for(200ms);
+  server_ = start_server(port_);
+  for (int i = 0; i < 6; ++i) {
+    auto back = calls[i].get();
+    ASSERT_TRUE(back.has_value()) << back.error().to_string();
+    EXPECT_EQ(back->text, "after the restart " + std::to_string(i));
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 150ms);
+}
+
+// Without wait_while_refused (channels to data servers: another replica may answer), a refused
+// shared connection fails its calls at once.
+TEST_F(RpcTest, AnAsyncCallFailsAtOnceWhenTheChannelDoesNotWait) {
+  rpc::RpcClient client = client_of_stopped_server(false);
+  std::promise<Result<EchoResp>> p;
+  auto t0 = std::chrono::steady_clock::now();
+  client.call_async<Echo>(EchoReq{}, {}, [&p](Result<EchoResp> r) { p.set_value(std::move(r)); });
+  auto r = p.get_future().get();
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), Code::kUnavailable) << r.error().to_string();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 500ms);
 }
 
 TEST_F(RpcTest, StopWaitsForRunningHandlersAndFailsTheirCalls) {
