@@ -182,9 +182,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // ---- connect (strand) ----
   void do_connect() {
     if (is_closed()) return;
+    // A connect refused while the server restarts is made again (wait_or_close_refused): an
+    // expiry of an earlier attempt's timer, queued before it was cancelled, must not cut this one.
+    const uint64_t attempt = ++connect_attempt_;
+    connect_timed_out_ = false;
     connect_timer_.expires_after(options_.connect_timeout);
-    connect_timer_.async_wait([self = shared_from_this()](error_code ec) {
-      if (ec || self->connected_ || self->is_closed()) return;
+    connect_timer_.async_wait([self = shared_from_this(), attempt](error_code ec) {
+      if (ec || attempt != self->connect_attempt_ || self->connected_ || self->is_closed()) return;
       self->connect_timed_out_ = true;
       error_code ignored;
       self->resolver_.cancel();
@@ -212,7 +216,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void on_connected(error_code ec) {
     if (is_closed()) return;
     if (ec) {
-      if (ec == asio::error::connection_refused && !connect_timed_out_ && wait_while_refused()) return;
+      if (ec == asio::error::connection_refused && !connect_timed_out_ && refused_->wait.load()) {
+        wait_or_close_refused(ec);
+        return;
+      }
       std::string reason = connect_timed_out_
                                ? "timed out after " + std::to_string(options_.connect_timeout.count()) + " ms"
                                : ec.message();
@@ -233,19 +240,26 @@ class Connection : public std::enable_shared_from_this<Connection> {
     do_write();
   }
 
-  // The server refused the connect (nothing listens: a restart). When calls may wait for it and one
-  // of them has time left, connects again after a pause (5 ms, doubling up to 200 ms, the last one
-  // cut to end at the latest deadline) and returns true: the requests were never sent, so they may
-  // go later whatever they do. Calls whose deadline passes meanwhile fail with refused_status().
-  bool wait_while_refused() {
-    if (!refused_->wait.load()) return false;
+  // The server refused the connect (nothing listens: a restart) and calls may wait for it. While
+  // a pending call has time left, connects again after a pause (5 ms, doubling up to 200 ms, the
+  // last one cut to end at the latest deadline): the requests were never sent, so they may go later
+  // whatever they do; calls whose deadline passes meanwhile fail with refused_status(). Otherwise
+  // closes, in the same critical section that found no call waiting, so none can slip in between.
+  void wait_or_close_refused(error_code ec) {
+    const auto now = Clock::now();
     auto latest = Clock::time_point::min();
+    std::unordered_map<uint64_t, Pending> failed;
+    bool give_up = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto& [id, p] : pending_) latest = std::max(latest, p.deadline);
+      give_up = latest <= now + std::chrono::milliseconds(1);
+      if (give_up) failed = mark_closed_locked();
     }
-    const auto now = Clock::now();
-    if (latest <= now + std::chrono::milliseconds(1)) return false;
+    if (give_up) {
+      finish_close(std::move(failed), Status(Code::kUnavailable, "cannot connect to " + address_ + ": " + ec.message()));
+      return;
+    }
     const auto pause = std::min<Clock::duration>(refused_backoff_.pause(), latest - now);
     refused_backoff_.grow();
     refused_->note_refused(address_);
@@ -254,10 +268,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     error_code ignored;
     socket_.close(ignored);
     retry_timer_.expires_after(pause);
-    retry_timer_.async_wait([self = shared_from_this()](error_code ec) {
-      if (!ec && !self->is_closed()) self->do_connect();
+    retry_timer_.async_wait([self = shared_from_this()](error_code tec) {
+      if (!tec && !self->is_closed()) self->do_connect();
     });
-    return true;
   }
 
   // ---- inline send (the submitting thread, under mu_) ----
@@ -558,11 +571,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (closed_locked_) return;
-      closed_locked_ = true;
-      closed_.store(true, std::memory_order_release);
-      failed.swap(pending_);
-      queue_.clear();
+      failed = mark_closed_locked();
     }
+    finish_close(std::move(failed), why);
+  }
+
+  // Marks the connection closed (submit() refuses calls from now on) and hands over its pending
+  // calls. REQUIRES: mu_ held, not closed yet.
+  std::unordered_map<uint64_t, Pending> mark_closed_locked() {
+    closed_locked_ = true;
+    closed_.store(true, std::memory_order_release);
+    queue_.clear();
+    std::unordered_map<uint64_t, Pending> failed;
+    failed.swap(pending_);
+    return failed;
+  }
+
+  // close_with()'s rest, after mark_closed_locked().
+  void finish_close(std::unordered_map<uint64_t, Pending> failed, const Status& why) {
     error_code ignored;
     socket_.close(ignored);
     resolver_.cancel();
@@ -620,7 +646,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Strand-only state.
   bool connected_ = false;
-  bool connect_timed_out_ = false;
+  bool connect_timed_out_ = false;  // the current connect attempt's timer expired
+  uint64_t connect_attempt_ = 0;     // which connect the timer belongs to
   bool waiting_refused_ = false;  // the last connect was refused and another one is due
   Backoff refused_backoff_{kRefusedFirstPause, kRefusedMostPause};
   std::vector<WriteItem> batch_;
@@ -672,15 +699,8 @@ class TcpChannel : public Channel {
   Result<CallReply> call_sync(OutgoingCall call) override {
     PENSTOCK_RETURN_IF_ERROR(check_limits(call));
     std::unique_ptr<BlockingConnection> conn = take_blocking();
-    if (conn == nullptr && refused_->wait.load() && refused_->refused_since.load()) {
-      // The server refuses and every blocking connection is held by a caller waiting for it: the
-      // shared path would fail at once, so this one waits for a connection too.
-      Backoff backoff(kRefusedFirstPause, kRefusedMostPause);
-      while (conn == nullptr && refused_->refused_since.load() && backoff.sleep_before(call.deadline)) {
-        conn = take_blocking();
-      }
-    }
-    if (conn == nullptr) return Channel::call_sync(std::move(call));  // all in use: the shared path
+    // All in use: the shared path, which also waits while the server refuses (wait_while_refused).
+    if (conn == nullptr) return Channel::call_sync(std::move(call));
     if (conn->failed()) {
       // A placeholder: make the connection now (counted in blocking_open_ already, so concurrent
       // callers cannot pass the bound).
