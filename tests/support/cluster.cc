@@ -260,9 +260,13 @@ std::vector<std::string> mount_points() {
   return out;
 }
 
-bool anything_mounted_below(const std::string& dir) {
+// True when `dir` or anything below it is a mount point, not counting those below `except` (when
+// given): the state directory, where a test may mount small file systems of its own
+// (ClusterOptions::before_first_up).
+bool anything_mounted_below(const std::string& dir, const std::string& except = "") {
   std::string prefix = dir + "/";
   for (const auto& m : mount_points()) {
+    if (!except.empty() && m.rfind(except + "/", 0) == 0) continue;
     if (m == dir || m.rfind(prefix, 0) == 0) {
       return true;
     }
@@ -526,6 +530,13 @@ std::string Cluster::log_tails(int lines) const {
     if (registry_slot_ < 0) {
       return ::testing::AssertionFailure() << "too many test clusters at once";
     }
+    if (options_.before_first_up) {
+      if (mkdir(state_.c_str(), 0755) != 0) {
+        return ::testing::AssertionFailure() << "mkdir " << state_ << ": " << std::strerror(errno);
+      }
+      ::testing::AssertionResult prepared = options_.before_first_up(state_);
+      if (!prepared) return prepared;
+    }
   }
   CommandResult r;
   for (int attempt = 0; attempt < 3; ++attempt) {
@@ -640,7 +651,7 @@ std::string Cluster::log_tails(int lines) const {
                                          << "):\n"
                                          << r.output;
   }
-  if (anything_mounted_below(dir_)) {
+  if (anything_mounted_below(dir_, state_)) {
     return ::testing::AssertionFailure() << "still mounted below " << dir_ << " after down:\n"
                                          << r.output;
   }

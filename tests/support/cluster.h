@@ -18,6 +18,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -60,6 +61,10 @@ bool local_only();
 struct ClusterOptions {
   int data_servers = 3;
   std::string meta_args;  // extra penstock-meta flags (local-cluster's PENSTOCK_META_ARGS)
+  // Runs once, before the first up(), with the (empty) state directory already made: e.g. to
+  // mount a small file system at state/dataK, local-cluster's target of data server K. Whatever
+  // it mounts, the test unmounts after down().
+  std::function<::testing::AssertionResult(const std::string& state_dir)> before_first_up;
 };
 
 class Cluster {
