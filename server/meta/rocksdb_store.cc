@@ -1,5 +1,8 @@
 #include "server/meta/rocksdb_store.h"
 
+#include <cstdarg>
+#include <cstdio>
+
 #include <rocksdb/cache.h>
 #include <rocksdb/db.h>
 #include <rocksdb/filter_policy.h>
@@ -37,6 +40,28 @@ std::string prefix_successor(std::string_view prefix) {
   return s;
 }
 
+// RocksDB's own messages, into penstock-meta's log: warnings and errors as such, the rest (the
+// options at open, flushes, compactions) at debug level. Not a LOG file in the database
+// directory: on a full disk that file's writer fails, and RocksDB's next message, the one about
+// the full disk, trips an assertion in it (Debian's librocksdb keeps assertions): the daemon
+// would abort instead of refusing writes with ENOSPC.
+class RocksLogger final : public rocksdb::Logger {
+ public:
+  explicit RocksLogger(rocksdb::InfoLogLevel level) : rocksdb::Logger(level) {}
+
+  void Logv(const char* format, va_list ap) override { Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap); }
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    const LogLevel ours = level >= rocksdb::InfoLogLevel::ERROR_LEVEL && level != rocksdb::InfoLogLevel::HEADER_LEVEL
+                              ? LogLevel::kError
+                          : level == rocksdb::InfoLogLevel::WARN_LEVEL ? LogLevel::kWarn
+                                                                       : LogLevel::kDebug;
+    if (ours < log_level()) return;
+    char text[2048];
+    std::vsnprintf(text, sizeof text, format, ap);
+    detail::LogLine(ours, __FILE__, __LINE__).stream() << "rocksdb: " << text;
+  }
+};
+
 }  // namespace
 
 RocksDbStore::RocksDbStore(std::string dir, std::unique_ptr<rocksdb::DB> db, RocksDbOptions options,
@@ -45,7 +70,7 @@ RocksDbStore::RocksDbStore(std::string dir, std::unique_ptr<rocksdb::DB> db, Roc
       db_(std::move(db)),
       block_cache_(std::move(block_cache)),
       options_(options),
-      committer_([this] { return from_rocks(db_->FlushWAL(/*sync=*/true), "sync the write-ahead log in " + dir_); }),
+      committer_([this] { return flush_wal(/*sync=*/true); }),
       soon_([this] { sync_soon_loop(); }) {}
 
 RocksDbStore::~RocksDbStore() {
@@ -58,7 +83,7 @@ RocksDbStore::~RocksDbStore() {
   if (db_) {
     // Batches applied but not yet synced (their callers were not answered, or were told only
     // "visible": sync_soon) are kept too.
-    if (!committer_.failed()) (void)db_->FlushWAL(/*sync=*/options_.sync);
+    (void)flush_wal(/*sync=*/options_.sync);  // nothing after a failed one
     rocksdb::Status s = db_->Close();
     (void)s;  // nothing to do on a close error: every write acknowledged as durable was synced
   }
@@ -91,12 +116,11 @@ Result<std::unique_ptr<RocksDbStore>> RocksDbStore::open(const std::string& dir,
   // memtable answers those without searching the skip list.
   opts.memtable_whole_key_filtering = true;
   opts.memtable_prefix_bloom_size_ratio = 0.05;
-  // Debian's librocksdb logs at DEBUG by default: a formatted line and a write() per FlushWAL, that
-  // is per group commit, in the commit's path (16 MB of LOG a minute under creates). INFO keeps
-  // flushes and compactions; the LOG rolls at 64 MiB and 4 old ones are kept.
+  // RocksDB's messages go to penstock-meta's log (RocksLogger), not to a LOG file in the database
+  // directory. Debian's librocksdb logs at DEBUG by default: a formatted line per FlushWAL, that is
+  // per group commit, in the commit's path; INFO keeps flushes, compactions and errors.
   opts.info_log_level = rocksdb::InfoLogLevel::INFO_LEVEL;
-  opts.max_log_file_size = 64 << 20;
-  opts.keep_log_file_num = 4;
+  opts.info_log = std::make_shared<RocksLogger>(opts.info_log_level);
   // The WAL is written to the OS only when sync() flushes it (FlushWAL(true) by the group's
   // leader) or sync_soon() hands it over (FlushWAL(false)): one write+fdatasync per group instead
   // of a write() per batch under the namespace mutex. Other applied-but-unsynced batches (opens,
@@ -146,9 +170,32 @@ Result<std::optional<std::string>> RocksDbStore::peek(std::string_view key) {
   return read_key(db_.get(), ro, key, dir_);
 }
 
+Status RocksDbStore::flush_wal(bool sync) {
+  std::lock_guard<std::mutex> lock(wal_mu_);
+  if (!wal_error_.is_ok()) return wal_error_;
+  Status st = from_rocks(db_->FlushWAL(sync), (sync ? "sync the write-ahead log in " : "write the write-ahead log in ") + dir_);
+  if (!st.is_ok()) return keep_wal_error_locked(st);
+  return st;
+}
+
+Status RocksDbStore::keep_wal_error_locked(const Status& failure) {
+  if (wal_error_.is_ok()) {
+    wal_error_ = failure.with_context("what reached the disk after it is unknown, so nothing more is written: make "
+                                      "room and restart penstock-meta");
+    PENSTOCK_LOG(Error) << wal_error_.to_string();
+  }
+  return wal_error_;
+}
+
+Status RocksDbStore::wal_error() const {
+  std::lock_guard<std::mutex> lock(wal_mu_);
+  return wal_error_;
+}
+
 Status RocksDbStore::apply(const WriteBatch& batch) {
-  if (committer_.failed()) {
-    return Status(Code::kIo, "write to " + dir_ + " refused: an earlier sync of the write-ahead log failed; restart penstock-meta");
+  // The code stays the failure's (kNoSpace on a full disk: the application sees ENOSPC).
+  if (Status failed = wal_error(); !failed.is_ok()) {
+    return Status(failed.code(), "write to " + dir_ + " refused: " + failed.message());
   }
   rocksdb::WriteBatch wb;
   for (const auto& op : batch.ops()) {
@@ -158,7 +205,14 @@ Status RocksDbStore::apply(const WriteBatch& batch) {
   // Not synced here: sync() does that for a whole group of batches (group commit).
   rocksdb::WriteOptions wo;
   wo.sync = false;
-  PENSTOCK_RETURN_IF_ERROR(from_rocks(db_->Write(wo, &wb), "write to " + dir_));
+  Status written = from_rocks(db_->Write(wo, &wb), "write to " + dir_);
+  if (!written.is_ok()) {
+    // With manual_wal_flush a Write appends to the WAL writer's buffer, which it writes out when
+    // full: a failure there leaves the writer in error, and the next Write or FlushWAL would trip
+    // its assertion. So a failed Write is kept like a failed FlushWAL.
+    std::lock_guard<std::mutex> lock(wal_mu_);
+    return keep_wal_error_locked(written);
+  }
   committer_.note_applied();
   return Status::ok();
 }
@@ -166,17 +220,15 @@ Status RocksDbStore::apply(const WriteBatch& batch) {
 Status RocksDbStore::sync() {
   if (!options_.sync) {
     // Still hand the WAL to the OS, so that a process kill loses nothing acknowledged.
-    return from_rocks(db_->FlushWAL(/*sync=*/false), "write the write-ahead log in " + dir_);
+    return flush_wal(/*sync=*/false);
   }
   return committer_.sync_all();
 }
 
 Status RocksDbStore::sync_soon() {
   // The WAL buffer (manual_wal_flush) to the file now, one write(): a kill of the process keeps it.
-  const Status handed = from_rocks(db_->FlushWAL(/*sync=*/false), "write the write-ahead log in " + dir_);
-  if (!handed.is_ok()) {
-    PENSTOCK_LOG(Warn) << handed.to_string() << "; the delayed sync retries it";
-  }
+  const Status handed = flush_wal(/*sync=*/false);
+  if (!handed.is_ok()) return handed;  // kept: no delayed sync either
   {
     std::lock_guard<std::mutex> lock(soon_mu_);
     if (!soon_asked_) {  // else the syncer's next run covers this caller's batch too

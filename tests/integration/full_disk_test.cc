@@ -1,8 +1,13 @@
-// Full data targets, end to end through a real mount: a file that does not fit fails with ENOSPC
-// (at a write, at fsync or at close; never EIO, never a silent success), the file written before
-// it reads back intact from the data servers, every daemon keeps running, and once the big file is
-// removed (its chunks collected) the space is used again. The targets are small tmpfs mounts at
-// local-cluster's state/dataK, so this needs root (it skips otherwise).
+// Full disks, end to end through a real mount, on small tmpfs mounts at local-cluster's
+// state/dataK (data targets) or state/meta (the metadata database), so this needs root (it skips
+// otherwise).
+// - Full data targets: a file that does not fit fails with ENOSPC (at a write, at fsync or at
+//   close; never EIO, never a silent success), the file written before it reads back intact from
+//   the data servers, every daemon keeps running, and once the big file is removed (its chunks
+//   collected) the space is used again.
+// - A full metadata disk: changes fail with ENOSPC, reads go on, and what was acknowledged before
+//   is all there after penstock-meta's restart on a disk with room again (a failed write-ahead-log
+//   sync leaves the database's state on disk unknown, so the daemon asks to be restarted).
 #include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -28,17 +33,20 @@ using namespace std::chrono_literals;
 
 constexpr int kDataServers = 2;
 constexpr const char* kTargetOptions = "size=24m";  // per data server: 48 MiB in all
+constexpr const char* kMetaOptions = "size=3m";     // the metadata database
 constexpr size_t kMiB = 1 << 20;
 
-// Mounts a tmpfs of kTargetOptions at `path`. A failure names the reason.
-::testing::AssertionResult mount_small_tmpfs(const std::string& path) {
-  if (::mount("tmpfs", path.c_str(), "tmpfs", 0, kTargetOptions) != 0) {
+// Mounts a tmpfs with `options` at `path`. A failure names the reason.
+::testing::AssertionResult mount_small_tmpfs(const std::string& path, const char* options) {
+  if (::mount("tmpfs", path.c_str(), "tmpfs", 0, options) != 0) {
     return ::testing::AssertionFailure() << "mount tmpfs at " << path << ": " << errno_name(errno);
   }
   return ::testing::AssertionSuccess();
 }
 
-class FullDiskTest : public ::testing::Test {
+// `Small` names what gets a small tmpfs: the data targets or the metadata database.
+template <bool kSmallMeta>
+class FullDiskFixture : public ::testing::Test {
  protected:
   void SetUp() override {
     if (local_only()) GTEST_SKIP() << "needs the Penstock binaries (PENSTOCK_TEST_DIR is set)";
@@ -47,7 +55,7 @@ class FullDiskTest : public ::testing::Test {
     std::string probe = std::string(std::getenv("TMPDIR") != nullptr ? std::getenv("TMPDIR") : "/tmp") +
                         "/penstock-full-disk-probe-XXXXXX";
     ASSERT_NE(::mkdtemp(probe.data()), nullptr) << errno_name(errno);
-    const bool can_mount = mount_small_tmpfs(probe);
+    const bool can_mount = mount_small_tmpfs(probe, kTargetOptions);
     if (can_mount) ::umount2(probe.c_str(), 0);
     ::rmdir(probe.c_str());
     if (!can_mount) GTEST_SKIP() << "cannot mount a tmpfs here; the full-disk path is not covered";
@@ -70,14 +78,19 @@ class FullDiskTest : public ::testing::Test {
     ClusterOptions o;
     o.data_servers = kDataServers;
     o.before_first_up = [this](const std::string& state) -> ::testing::AssertionResult {
-      for (int k = 1; k <= kDataServers; ++k) {
-        const std::string target = state + "/data" + std::to_string(k);
-        if (::mkdir(target.c_str(), 0755) != 0) {
-          return ::testing::AssertionFailure() << "mkdir " << target << ": " << errno_name(errno);
+      std::vector<std::pair<std::string, const char*>> small;
+      if (kSmallMeta) {
+        small.emplace_back(state + "/meta", kMetaOptions);
+      } else {
+        for (int k = 1; k <= kDataServers; ++k) small.emplace_back(state + "/data" + std::to_string(k), kTargetOptions);
+      }
+      for (const auto& [path, options] : small) {
+        if (::mkdir(path.c_str(), 0755) != 0) {
+          return ::testing::AssertionFailure() << "mkdir " << path << ": " << errno_name(errno);
         }
-        ::testing::AssertionResult m = mount_small_tmpfs(target);
+        ::testing::AssertionResult m = mount_small_tmpfs(path, options);
         if (!m) return m;
-        mounted_.push_back(target);
+        mounted_.push_back(path);
       }
       return ::testing::AssertionSuccess();
     };
@@ -93,7 +106,10 @@ class FullDiskTest : public ::testing::Test {
   Cluster cluster_{small_targets()};
 };
 
-TEST_F(FullDiskTest, AFileThatDoesNotFitFailsWithEnospcAndLosesNothingElse) {
+using FullDataTargetsTest = FullDiskFixture<false>;
+using FullMetaDiskTest = FullDiskFixture<true>;
+
+TEST_F(FullDataTargetsTest, AFileThatDoesNotFitFailsWithEnospcAndLosesNothingElse) {
   const std::string dir = make_test_dir(cluster_.mount_path());
   const std::string kept = pattern(8 * kMiB, 0, 1);
   ASSERT_TRUE(write_file(dir + "/kept", kept));
@@ -140,6 +156,50 @@ TEST_F(FullDiskTest, AFileThatDoesNotFitFailsWithEnospcAndLosesNothingElse) {
   ASSERT_TRUE(wrote) << "the space of the removed file did not come back within 30 s";
   ASSERT_TRUE(read_file(dir + "/again", &back));
   EXPECT_TRUE(same_bytes(again, back));
+}
+
+TEST_F(FullMetaDiskTest, ChangesFailWithEnospcAndNothingAcknowledgedIsLost) {
+  const std::string dir = make_test_dir(cluster_.mount_path());
+  const std::string value(60000, 'v');
+  // Files with a large xattr each until the 3 MiB database disk is full.
+  int made = 0;
+  std::string failure;
+  for (int i = 0; i < 400 && failure.empty(); ++i) {
+    const std::string path = dir + "/f" + std::to_string(i);
+    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644));
+    if (!fd.ok()) {
+      failure = "create f" + std::to_string(i) + ": " + errno_name(errno);
+    } else if (::setxattr(path.c_str(), "user.big", value.data(), value.size(), 0) != 0) {
+      failure = "setxattr f" + std::to_string(i) + ": " + errno_name(errno);
+    } else {
+      ++made;
+    }
+  }
+  ASSERT_FALSE(failure.empty()) << "400 x 60 KB of xattrs fit in a 3 MiB database";
+  EXPECT_NE(failure.find("ENOSPC"), std::string::npos) << failure;
+  ASSERT_GT(made, 0);
+  // Reads go on while changes are refused.
+  std::string got(value.size(), '\0');
+  EXPECT_EQ(::getxattr((dir + "/f0").c_str(), "user.big", got.data(), got.size()), static_cast<ssize_t>(value.size()))
+      << errno_name(errno);
+  EXPECT_TRUE(got == value) << "f0's xattr came back changed";
+  const int failed_create = ::mkdir((dir + "/refused").c_str(), 0755) == 0 ? 0 : errno;
+  EXPECT_EQ(failed_create, ENOSPC) << errno_name(failed_create);
+  for (const std::string role : {"meta", "data1", "data2", "mount1"}) {
+    EXPECT_TRUE(daemon_running(role)) << role << " stopped on a full disk\n" << cluster_.log_tails();
+  }
+
+  // Room again, and a restart of penstock-meta: every acknowledged change is there, and new ones work.
+  ASSERT_EQ(::mount("tmpfs", mounted_.at(0).c_str(), "tmpfs", MS_REMOUNT, "size=64m"), 0) << errno_name(errno);
+  ASSERT_TRUE(cluster_.restart_meta(false)) << cluster_.log_tails();
+  for (int i = 0; i < made; ++i) {
+    const std::string path = dir + "/f" + std::to_string(i);
+    ASSERT_EQ(::getxattr(path.c_str(), "user.big", got.data(), got.size()), static_cast<ssize_t>(value.size()))
+        << path << ": " << errno_name(errno);
+    ASSERT_TRUE(got == value) << path << "'s xattr came back changed";
+  }
+  ASSERT_EQ(::mkdir((dir + "/after").c_str(), 0755), 0) << errno_name(errno);
+  ASSERT_TRUE(write_file(dir + "/after/file", "written after the restart"));
 }
 
 }  // namespace
