@@ -57,7 +57,8 @@ class RocksLogger final : public rocksdb::Logger {
                                                                        : LogLevel::kDebug;
     if (ours < log_level()) return;
     char text[2048];
-    std::vsnprintf(text, sizeof text, format, ap);
+    const int n = std::vsnprintf(text, sizeof text, format, ap);
+    if (n > 0 && static_cast<size_t>(n) < sizeof text && text[n - 1] == '\n') text[n - 1] = '\0';
     detail::LogLine(ours, __FILE__, __LINE__).stream() << "rocksdb: " << text;
   }
 };
@@ -171,11 +172,21 @@ Result<std::optional<std::string>> RocksDbStore::peek(std::string_view key) {
 }
 
 Status RocksDbStore::flush_wal(bool sync) {
-  std::lock_guard<std::mutex> lock(wal_mu_);
-  if (!wal_error_.is_ok()) return wal_error_;
-  Status st = from_rocks(db_->FlushWAL(sync), (sync ? "sync the write-ahead log in " : "write the write-ahead log in ") + dir_);
-  if (!st.is_ok()) return keep_wal_error_locked(st);
-  return st;
+  {
+    std::lock_guard<std::mutex> lock(wal_mu_);
+    if (!wal_error_.is_ok()) return wal_error_;
+    const Status written = from_rocks(db_->FlushWAL(/*sync=*/false), "write the write-ahead log in " + dir_);
+    if (!written.is_ok()) return keep_wal_error_locked(written);
+  }
+  if (!sync) return Status::ok();
+  // FlushWAL(true) is FlushWAL(false) + SyncWAL(): the fdatasync runs outside wal_mu_, so
+  // mutations apply meanwhile (group commit) instead of waiting behind it.
+  const Status synced = from_rocks(db_->SyncWAL(), "sync the write-ahead log in " + dir_);
+  if (!synced.is_ok()) {
+    std::lock_guard<std::mutex> lock(wal_mu_);
+    return keep_wal_error_locked(synced);
+  }
+  return synced;
 }
 
 Status RocksDbStore::keep_wal_error_locked(const Status& failure) {
@@ -187,16 +198,7 @@ Status RocksDbStore::keep_wal_error_locked(const Status& failure) {
   return wal_error_;
 }
 
-Status RocksDbStore::wal_error() const {
-  std::lock_guard<std::mutex> lock(wal_mu_);
-  return wal_error_;
-}
-
 Status RocksDbStore::apply(const WriteBatch& batch) {
-  // The code stays the failure's (kNoSpace on a full disk: the application sees ENOSPC).
-  if (Status failed = wal_error(); !failed.is_ok()) {
-    return Status(failed.code(), "write to " + dir_ + " refused: " + failed.message());
-  }
   rocksdb::WriteBatch wb;
   for (const auto& op : batch.ops()) {
     rocksdb::Status s = op.is_delete ? wb.Delete(slice(op.key)) : wb.Put(slice(op.key), slice(op.value));
@@ -205,14 +207,16 @@ Status RocksDbStore::apply(const WriteBatch& batch) {
   // Not synced here: sync() does that for a whole group of batches (group commit).
   rocksdb::WriteOptions wo;
   wo.sync = false;
-  Status written = from_rocks(db_->Write(wo, &wb), "write to " + dir_);
-  if (!written.is_ok()) {
-    // With manual_wal_flush a Write appends to the WAL writer's buffer, which it writes out when
-    // full: a failure there leaves the writer in error, and the next Write or FlushWAL would trip
-    // its assertion. So a failed Write is kept like a failed FlushWAL.
-    std::lock_guard<std::mutex> lock(wal_mu_);
-    return keep_wal_error_locked(written);
+  // Under wal_mu_, with the check: a Write appends to the WAL writer, which asserts when an
+  // earlier write of it failed (a FlushWAL's, or a Write's own when its buffer was full and written
+  // out). A failed Write is kept like a failed FlushWAL. The code stays the failure's (kNoSpace
+  // on a full disk: the application sees ENOSPC).
+  std::lock_guard<std::mutex> lock(wal_mu_);
+  if (!wal_error_.is_ok()) {
+    return Status(wal_error_.code(), "write to " + dir_ + " refused: " + wal_error_.message());
   }
+  const Status written = from_rocks(db_->Write(wo, &wb), "write to " + dir_);
+  if (!written.is_ok()) return keep_wal_error_locked(written);
   committer_.note_applied();
   return Status::ok();
 }

@@ -69,12 +69,11 @@ class RocksDbStore final : public Store {
                std::shared_ptr<rocksdb::Cache> block_cache);
 
   void sync_soon_loop();
-  // db_->FlushWAL(sync), one call at a time, and never again after one failed: RocksDB's WAL
-  // writer asserts when it is written after an error (Debian's librocksdb keeps assertions, so the
-  // daemon would abort on a full disk). The first failure is kept and returned from then on.
+  // db_->FlushWAL(false) under wal_mu_, then with `sync` SyncWAL() outside it; never again after
+  // a WAL write or sync failed: RocksDB's WAL writer asserts when it is appended to after an error
+  // (Debian's librocksdb keeps assertions, so the daemon would abort on a full disk). The first
+  // failure is kept and returned from then on.
   Status flush_wal(bool sync);
-  // The failure flush_wal() keeps; ok while there is none.
-  Status wal_error() const;
   // Keeps `failure` as the WAL's (the first one only) and returns the kept one. REQUIRES wal_mu_.
   Status keep_wal_error_locked(const Status& failure);
 
@@ -84,7 +83,9 @@ class RocksDbStore final : public Store {
   RocksDbOptions options_;
   GroupCommitter committer_;
 
-  mutable std::mutex wal_mu_;  // a leaf lock, held across every FlushWAL
+  // A leaf lock (after MetaService's mutex): held across every Write and every FlushWAL(false),
+  // never across an fdatasync.
+  mutable std::mutex wal_mu_;
   Status wal_error_;           // guarded by wal_mu_: the first failed FlushWAL, kept
 
   std::mutex soon_mu_;  // leaf lock; guards the two flags below

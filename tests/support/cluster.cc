@@ -274,6 +274,19 @@ bool anything_mounted_below(const std::string& dir, const std::string& except = 
   return false;
 }
 
+// Removes everything below `dir` but `dir` itself and the mount points in it, which are emptied
+// instead (a test's own mounts under the state directory, ClusterOptions::before_first_up).
+void empty_keeping_mounts(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (is_mount_point(entry.path().string())) {
+      empty_keeping_mounts(entry.path().string());
+    } else {
+      fs::remove_all(entry.path(), ec);
+    }
+  }
+}
+
 std::string tail_of_file(const std::string& path, int lines) {
   std::ifstream in(path);
   std::vector<std::string> all;
@@ -562,8 +575,7 @@ std::string Cluster::log_tails(int lines) const {
     if (!first || !port_race) {
       break;
     }
-    std::error_code ec;
-    fs::remove_all(state_, ec);
+    empty_keeping_mounts(state_);
   }
   if (r.exit_code != 0) {
     return ::testing::AssertionFailure()
