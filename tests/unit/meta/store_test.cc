@@ -1,3 +1,4 @@
+#include <filesystem>
 #include <functional>
 #include <thread>
 
@@ -141,6 +142,27 @@ TEST(RocksDbStoreTest, WritesSurviveReopen) {
   auto s = RocksDbStore::open(dir.path() + "/db");
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(**(*s)->get("k"), "v");
+}
+
+// RocksDB's messages go to penstock-meta's log, never to a LOG file of its own in the database
+// directory: on a full disk that file's writer fails and RocksDB's next message trips an assertion
+// (Debian's librocksdb keeps them), which aborted the daemon (tests/integration/full_disk_test.cc).
+TEST(RocksDbStoreTest, RocksDbWritesNoLogFileOfItsOwn) {
+  testing::TempDir dir;
+  {
+    auto s = RocksDbStore::open(dir.path() + "/db");
+    ASSERT_TRUE(s.has_value());
+    WriteBatch b;
+    b.put("k", "v");
+    ASSERT_OK((*s)->write(b));
+  }
+  auto again = RocksDbStore::open(dir.path() + "/db");  // a reopen logs recovery and the options too
+  ASSERT_TRUE(again.has_value());
+  again->reset();
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path() + "/db")) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_FALSE(name == "LOG" || name.rfind("LOG.old", 0) == 0) << "RocksDB wrote " << entry.path();
+  }
 }
 
 TEST(RocksDbStoreTest, DropCachesKeepsEveryRecord) {
