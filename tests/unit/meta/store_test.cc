@@ -130,15 +130,18 @@ TEST(RocksDbStoreTest, EveryWriteIsSyncedByDefault) {
   EXPECT_TRUE(RocksDbOptions{}.sync);
 }
 
+// Opens a RocksDbStore at `path`, writes k=v (synced) and closes it.
+void write_k_and_close(const std::string& path) {
+  auto s = RocksDbStore::open(path);
+  ASSERT_TRUE(s.has_value());
+  WriteBatch b;
+  b.put("k", "v");
+  ASSERT_OK((*s)->write(b));
+}
+
 TEST(RocksDbStoreTest, WritesSurviveReopen) {
   testing::TempDir dir;
-  {
-    auto s = RocksDbStore::open(dir.path() + "/db");
-    ASSERT_TRUE(s.has_value());
-    WriteBatch b;
-    b.put("k", "v");
-    ASSERT_OK((*s)->write(b));
-  }
+  ASSERT_NO_FATAL_FAILURE(write_k_and_close(dir.path() + "/db"));
   auto s = RocksDbStore::open(dir.path() + "/db");
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(**(*s)->get("k"), "v");
@@ -149,13 +152,7 @@ TEST(RocksDbStoreTest, WritesSurviveReopen) {
 // (Debian's librocksdb keeps them), which aborted the daemon (tests/integration/full_disk_test.cc).
 TEST(RocksDbStoreTest, RocksDbWritesNoLogFileOfItsOwn) {
   testing::TempDir dir;
-  {
-    auto s = RocksDbStore::open(dir.path() + "/db");
-    ASSERT_TRUE(s.has_value());
-    WriteBatch b;
-    b.put("k", "v");
-    ASSERT_OK((*s)->write(b));
-  }
+  ASSERT_NO_FATAL_FAILURE(write_k_and_close(dir.path() + "/db"));
   auto again = RocksDbStore::open(dir.path() + "/db");  // a reopen logs recovery and the options too
   ASSERT_TRUE(again.has_value());
   again->reset();
