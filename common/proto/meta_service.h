@@ -38,6 +38,15 @@ struct AttrResp {
   PENSTOCK_FIELDS(attr, entry_lease_ns, parent);
 };
 struct InodeReq { InodeId ino; PENSTOCK_FIELDS(ino); };
+// LookupOpen: a Lookup (same request, same errors) that also opens a regular file it finds for
+// req.session, as Open would (`opened`). The mount's open() that follows the lookup in the same
+// path walk then sends no Open of its own (client/lib/client.h, "Open tickets"); the session
+// releases the open like any other. Other types, an unknown session, or an inode unlinked since
+// the name was read: the lookup's answer, not opened.
+struct LookupOpenResp {
+  InodeAttr attr; int64_t entry_lease_ns = 0; bool opened = false;
+  PENSTOCK_FIELDS(attr, entry_lease_ns, opened);
+};
 
 // Bits of SetAttrReq::valid.
 enum SetAttrBits : uint32_t {
@@ -257,6 +266,7 @@ PENSTOCK_METHOD(Symlink, ServiceId::kMeta, 20, SymlinkReq, AttrResp);
 PENSTOCK_METHOD(Readlink, ServiceId::kMeta, 21, InodeReq, ReadlinkResp);
 PENSTOCK_METHOD(ReadDir, ServiceId::kMeta, 22, ReadDirReq, ReadDirResp);
 PENSTOCK_METHOD(StatFs, ServiceId::kMeta, 23, Empty, StatFsResp);
+PENSTOCK_METHOD(LookupOpen, ServiceId::kMeta, 24, LookupReq, LookupOpenResp);
 PENSTOCK_METHOD(GetXattr, ServiceId::kMeta, 30, GetXattrReq, GetXattrResp);
 PENSTOCK_METHOD(SetXattr, ServiceId::kMeta, 31, SetXattrReq, Empty);
 PENSTOCK_METHOD(ListXattr, ServiceId::kMeta, 32, InodeReq, ListXattrResp);

@@ -717,6 +717,25 @@ Result<pm::AttrResp> MetaService::lookup(const pm::LookupReq& req) {
   return resp;
 }
 
+Result<pm::LookupOpenResp> MetaService::lookup_open(const pm::LookupReq& req) {
+  PENSTOCK_ASSIGN_OR_RETURN(pm::AttrResp found, lookup(req));
+  pm::LookupOpenResp resp{std::move(found.attr), found.entry_lease_ns, false};
+  if (!S_ISREG(resp.attr.mode)) return resp;
+  // The name was read without mu_: an unlink may have come since. Under mu_ the inode is read
+  // again and opened only while it still has a link, so an unlink either came first (the lookup
+  // answers as after it) or sees the open.
+  std::lock_guard lock(mu_);
+  if (!session_alive(req.session)) return resp;
+  PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store_, resp.attr.ino));
+  if (!rec.has_value() || rec->attr.nlink == 0) {
+    return Status(Code::kNotFound, "entry " + quoted(req.name) + " was removed while being looked up");
+  }
+  resp.attr = rec->attr;
+  // On a failed store write the lookup stands unopened: the kernel's Open asks again.
+  resp.opened = add_open_locked(req.session, rec->attr.ino, /*orphan=*/false).is_ok();
+  return resp;
+}
+
 Result<pm::AttrResp> MetaService::get_attr(const pm::InodeReq& req) {
   PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store_, req.ino));
   if (!rec.has_value()) return Status(Code::kNotFound, "inode " + req.ino.to_string() + " does not exist");
@@ -1246,21 +1265,28 @@ Result<pm::AttrResp> MetaService::open_file_applied(const pm::OpenReq& req, bool
   }
   PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store_, req.ino));
   if (!rec.has_value()) return Status(Code::kNotFound, "inode " + req.ino.to_string() + " does not exist");
-  const int64_t now = options_.now();
-  opens_.add(req.session, req.ino, now);
   *orphan = rec->attr.nlink == 0;
-  WriteBatch batch;
-  if (*orphan) opens_.store_inode(req.ino, &batch);  // opened by inode after its unlink: kept at once
-  opens_.flush_aged(now, options_.open_store_delay_ns, &batch);
-  if (!batch.empty()) {
-    if (Status st = store_->apply(batch); !st.is_ok()) {
-      opens_.written_dropped();
-      opens_.drop(req.session, req.ino, 1, now);
-      return st.with_context("open inode " + req.ino.to_string());
-    }
-    opens_.written_applied();
-  }
+  PENSTOCK_RETURN_IF_ERROR(add_open_locked(req.session, req.ino, *orphan).with_context("open inode " + req.ino.to_string()));
   return pm::AttrResp{rec->attr};
+}
+
+// Counts one open of `ino` by `session` and writes the open records that are due; an orphan's
+// (opened by inode after its unlink) at once. A failed write drops the open again.
+// REQUIRES: mu_ held.
+Status MetaService::add_open_locked(SessionId session, InodeId ino, bool orphan) {
+  const int64_t now = options_.now();
+  opens_.add(session, ino, now);
+  WriteBatch batch;
+  if (orphan) opens_.store_inode(ino, &batch);
+  opens_.flush_aged(now, options_.open_store_delay_ns, &batch);
+  if (batch.empty()) return Status::ok();
+  if (Status st = store_->apply(batch); !st.is_ok()) {
+    opens_.written_dropped();
+    opens_.drop(session, ino, 1, now);
+    return st;
+  }
+  opens_.written_applied();
+  return Status::ok();
 }
 
 // Drops `times` opens of `ino` by `session` in `txn`; the last one finalizes an unlinked inode that

@@ -112,6 +112,9 @@ class MetaService {
   // kNotDir when parent is not a directory.
   // kNotFound when the name is absent. A directory found for a req.session gets an entry lease.
   Result<pm::AttrResp> lookup(const pm::LookupReq& req);
+  // lookup() that also opens a regular file it finds for req.session (pm::LookupOpen); not synced,
+  // like open_file() of a linked file.
+  Result<pm::LookupOpenResp> lookup_open(const pm::LookupReq& req);
   Result<pm::AttrResp> get_attr(const pm::InodeReq& req);         // kNotFound when the inode is gone
   // Applies the `valid` fields. Size (regular files only: kIsDir on a directory, kInvalid on other
   // types) is set exactly and bumps generation; the caller has already cut the chunks. ctime is
@@ -279,6 +282,7 @@ class MetaService {
   Status set_xattr_applied(const pm::SetXattrReq& req);
   Status remove_xattr_applied(const pm::GetXattrReq& req);
   Result<pm::AttrResp> open_file_applied(const pm::OpenReq& req, bool* orphan);
+  Status add_open_locked(SessionId session, InodeId ino, bool orphan);  // REQUIRES: mu_
   Status release_applied(const pm::ReleaseReq& req);
   Status release_many_applied(const pm::ReleaseManyReq& req);
   Status release_in(Txn& txn, SessionId session, InodeId ino, uint32_t times, bool* queued);

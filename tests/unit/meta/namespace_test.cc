@@ -891,6 +891,39 @@ TYPED_TEST(NamespaceTest, UnlinkedButOpenFileStaysReadable) {
   EXPECT_EQ((*jobs)[0].targets.size(), 4u);
 }
 
+// LookupOpen: the open it grants with a regular file holds that file like Open's would; other
+// types, and a session the server does not know, get the lookup's answer unopened.
+TYPED_TEST(NamespaceTest, LookupOpenOpensARegularFileForItsSession) {
+  auto& s = *this->svc_;
+  SessionId sess = this->new_session();
+  InodeId f = this->must_create(kRootInode, "f");  // no session: not left open by its create
+  InodeId d = this->must_mkdir(kRootInode, "d");
+  auto looked = s.lookup_open(pm::LookupReq{kRootInode, "f", sess});
+  ASSERT_TRUE(looked.has_value()) << looked.error().to_string();
+  EXPECT_TRUE(looked->opened);
+  EXPECT_EQ(looked->attr.ino, f);
+  // The unlink finds the open: f stays (an orphan) until the session releases it.
+  ASSERT_OK(this->unlink(kRootInode, "f"));
+  auto orphan = s.get_attr(pm::InodeReq{f});
+  ASSERT_TRUE(orphan.has_value());
+  EXPECT_EQ(orphan->attr.nlink, 0u);
+  ASSERT_OK(s.release_many(pm::ReleaseManyReq{sess, {f}}));
+  EXPECT_CODE(s.get_attr(pm::InodeReq{f}), Code::kNotFound);
+  EXPECT_CODE(s.lookup_open(pm::LookupReq{kRootInode, "f", sess}), Code::kNotFound);
+
+  auto dir = s.lookup_open(pm::LookupReq{kRootInode, "d", sess});
+  ASSERT_TRUE(dir.has_value());
+  EXPECT_FALSE(dir->opened) << "only regular files are opened";
+  EXPECT_EQ(dir->attr.ino, d);
+
+  InodeId g = this->must_create(kRootInode, "g");
+  auto stranger = s.lookup_open(pm::LookupReq{kRootInode, "g", SessionId(987654)});
+  ASSERT_TRUE(stranger.has_value());
+  EXPECT_FALSE(stranger->opened) << "an unknown session gets no open";
+  ASSERT_OK(this->unlink(kRootInode, "g"));
+  EXPECT_CODE(s.get_attr(pm::InodeReq{g}), Code::kNotFound) << "nothing held g";
+}
+
 TYPED_TEST(NamespaceTest, ReleaseManyReleasesEachListedOpenAndBoundsTheBatch) {
   auto& s = *this->svc_;
   SessionId sess = this->new_session();
