@@ -113,6 +113,10 @@ proto::Caller caller_of(fuse_req_t req) {
   return proto::Caller{static_cast<uint32_t>(ctx->uid), static_cast<uint32_t>(ctx->gid)};
 }
 
+// The thread the kernel sends this request for (its pid field holds the task's id): a LOOKUP and
+// the OPEN of one open() come from the same one (Client::lookup_entry, open tickets).
+uint64_t caller_thread(fuse_req_t req) { return static_cast<uint64_t>(fuse_req_ctx(req)->pid); }
+
 // The ONE place where a Status becomes an errno: it sends the reply (ok sends "success, no data").
 void reply_status(fuse_req_t req, const Status& st, const char* op, fuse_ino_t ino) {
   const int err = errno_of(st.code());
@@ -260,11 +264,16 @@ void op_init(void* userdata, fuse_conn_info* conn) {
 void op_destroy(void* userdata) {
   auto* state = static_cast<MountState*>(userdata);
   PENSTOCK_LOG(Info) << "FUSE session ends; closing the meta session";
+  const client::CacheStats cache = state->client->cache_stats();
+  const client::OpenTicketStats tickets = state->client->open_ticket_stats();
+  PENSTOCK_LOG(Info) << "chunk cache: " << cache.hits << " hits, " << cache.waits << " joined fetches, " << cache.misses
+                     << " misses, " << cache.evictions << " evictions; open tickets: " << tickets.granted
+                     << " granted, " << tickets.taken << " taken by opens, " << tickets.dropped << " released unused";
   state->client->shutdown();
 }
 
 void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  auto r = client_of(req).lookup_entry(InodeId(parent), name);
+  auto r = client_of(req).lookup_entry(InodeId(parent), name, caller_thread(req));
   if (!r.has_value()) {
     if (r.error().code() == Code::kNotFound && kNegativeTimeout > 0) {
       fuse_entry_param e{};
@@ -277,7 +286,11 @@ void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   }
   fuse_entry_param e = to_entry(r->attr);
   if (kLeaseDirectoryEntries && S_ISDIR(e.attr.st_mode)) e.entry_timeout = r->trust_s;
+  Client& c = client_of(req);  // req is gone after the reply
   fuse_reply_entry(req, &e);
+  // The open that took the ticket comes next: a small file's block is on its way from now, sent
+  // after the answer so the kernel's OPEN and this send run side by side.
+  if (r->opened) c.prefetch_small_file(r->attr.ino, O_RDONLY);
 }
 
 // We keep no per-inode state the kernel's lookup count protects: nothing to drop.
@@ -450,7 +463,7 @@ void reply_open_handle(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<FileH
 void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Client& c = client_of(req);
   bool unchanged = false;
-  auto r = c.open(InodeId(ino), static_cast<uint32_t>(fi->flags), &unchanged);
+  auto r = c.open(InodeId(ino), static_cast<uint32_t>(fi->flags), &unchanged, caller_thread(req));
   if (!r.has_value()) return reply_status(req, r.error(), "open", ino);
   auto fh = std::make_unique<FileHandle>();
   fh->ino = InodeId(ino);

@@ -178,6 +178,7 @@ void Client::shutdown() {
       async_cv_.wait(lock, [this] { return async_fetches_ == 0; });
     }
     if (pool_ != nullptr) pool_->stop();
+    tickets_closed_.store(true);  // no new tickets: the releaser's last sweep takes every one
     {
       std::lock_guard<std::mutex> lock(rel_mu_);
       rel_stop_ = true;  // the releaser sends what is queued, then ends
@@ -261,7 +262,8 @@ namespace {
 // (server/meta/dir_leases.h).
 template <class M>
 constexpr bool kWaitsForDirLease =
-    std::is_same_v<M, meta::Lookup> || std::is_same_v<M, meta::ReadDir> || std::is_same_v<M, meta::Create> ||
+    std::is_same_v<M, meta::Lookup> || std::is_same_v<M, meta::LookupOpen> || std::is_same_v<M, meta::ReadDir> ||
+    std::is_same_v<M, meta::Create> ||
     std::is_same_v<M, meta::Mknod> || std::is_same_v<M, meta::Mkdir> || std::is_same_v<M, meta::Symlink> ||
     std::is_same_v<M, meta::Link> || std::is_same_v<M, meta::Unlink> || std::is_same_v<M, meta::Rmdir> ||
     std::is_same_v<M, meta::Rename>;
@@ -359,7 +361,7 @@ Result<proto::InodeAttr> Client::lookup(InodeId parent, const std::string& name)
 
 std::optional<DirAttrCache::Hit> Client::cached_dir_attr(InodeId dir) const { return dir_attrs_.get(dir); }
 
-Result<Client::Entry> Client::lookup_entry(InodeId parent, const std::string& name) {
+Result<Client::Entry> Client::lookup_entry(InodeId parent, const std::string& name, uint64_t caller) {
   // The kernel starts its entry timeout when it gets our reply, later than the server started the
   // lease: counting from the send, less a margin for the reply's way into the kernel, keeps the
   // kernel's trust inside the lease (the server waits a further grace period on top).
@@ -369,15 +371,50 @@ Result<Client::Entry> Client::lookup_entry(InodeId parent, const std::string& na
     return Status(Code::kNotFound, "no entry " + name + " in directory " + parent.to_string() +
                                        " (this mount holds the directory's lease)");
   }
+  std::vector<OpenTicket> dropped;  // open tickets to release, sent after the answer
+  const bool ask = caller != 0 && want_ticket(caller, &dropped);
+  const meta::LookupReq req{parent, name, session()};
   const DirAttrCache::Ticket t = dir_attrs_.ticket();  // t.sent: when the call left
-  auto r = meta_call<meta::Lookup>(meta::LookupReq{parent, name, session()});
-  if (!r.has_value()) return std::move(r).error();
-  const auto left = std::chrono::nanoseconds(r->entry_lease_ns) - (std::chrono::steady_clock::now() - t.sent) - kMargin;
-  Entry e;
-  e.trust_s = r->entry_lease_ns > 0 && left.count() > 0 ? std::chrono::duration<double>(left).count() : 0.0;
-  PENSTOCK_ASSIGN_OR_RETURN(e.attr, merged(t, std::move(r)));
-  note_small_file(e.attr);
-  return e;
+  Result<meta::AttrResp> r = Status(Code::kInternal, "no lookup sent");
+  bool opened = false;
+  if (ask) {
+    // Sent once (an open is not safe to repeat): a lost answer or an unreachable server falls back
+    // to Lookup, which waits for a restarting server. (A LookupOpen applied but not answered
+    // leaves its open until the session ends, as a lost Open does.)
+    auto lo = meta_call<meta::LookupOpen>(req);
+    if (lo.has_value()) {
+      opened = lo->opened;
+      r = meta::AttrResp{std::move(lo->attr), lo->entry_lease_ns, std::nullopt};
+    } else if (lo.error().code() == Code::kNotSupported || failed_in_transit(lo.error().code())) {
+      if (lo.error().code() == Code::kNotSupported && lookup_open_ok_.exchange(false)) {
+        PENSTOCK_LOG(Info) << "penstock-meta predates LookupOpen: every open asks the meta server itself";
+      }
+      r = meta_call<meta::Lookup>(req);
+    } else {
+      r = std::move(lo).error();
+    }
+  } else {
+    r = meta_call<meta::Lookup>(req);
+  }
+  Result<Entry> out = [&]() -> Result<Entry> {
+    if (!r.has_value()) return std::move(r).error();
+    const auto left =
+        std::chrono::nanoseconds(r->entry_lease_ns) - (std::chrono::steady_clock::now() - t.sent) - kMargin;
+    Entry e;
+    e.trust_s = r->entry_lease_ns > 0 && left.count() > 0 ? std::chrono::duration<double>(left).count() : 0.0;
+    PENSTOCK_ASSIGN_OR_RETURN(e.attr, merged(t, std::move(r)));
+    return e;
+  }();
+  if (out.has_value()) {
+    if (opened) count_open(out->attr.ino);
+    if (ask) keep_ticket(caller, out->attr, opened ? std::optional<SessionId>(req.session) : std::nullopt, &dropped);
+    note_small_file(out->attr);
+    out->opened = opened;
+  } else if (ask) {
+    keep_ticket(caller, proto::InodeAttr{}, std::nullopt, &dropped);
+  }
+  release_tickets(dropped);
+  return out;
 }
 
 Result<proto::InodeAttr> Client::getattr(InodeId ino) {
@@ -539,11 +576,19 @@ Status Client::removexattr(InodeId ino, const std::string& name) {
   return st;
 }
 
-Result<proto::InodeAttr> Client::open(InodeId ino, uint32_t flags, bool* unchanged) {
+Result<proto::InodeAttr> Client::open(InodeId ino, uint32_t flags, bool* unchanged, uint64_t caller) {
   prefetch_small_file(ino, flags);
-  auto r = attr_call<meta::Open>(meta::OpenReq{ino, session(), flags});
-  if (!r.has_value()) return r;
-  count_open(ino);
+  const bool read_only = (flags & O_ACCMODE) == O_RDONLY && (flags & O_TRUNC) == 0;
+  std::optional<proto::InodeAttr> ticket = take_ticket(caller, ino, read_only);
+  Result<proto::InodeAttr> r = Status(Code::kInternal, "not opened");
+  if (ticket.has_value()) {
+    merge_local_size(&*ticket);  // own writes since the lookup (counted at the grant)
+    r = std::move(*ticket);
+  } else {
+    r = attr_call<meta::Open>(meta::OpenReq{ino, session(), flags});
+    if (!r.has_value()) return r;
+    count_open(ino);
+  }
   // Close-to-open: cached blocks of an older generation go now.
   cache_->set_generation(ino, r->generation);
   bool same = false;
@@ -559,6 +604,12 @@ Result<proto::InodeAttr> Client::open(InodeId ino, uint32_t flags, bool* unchang
   // merged mtime covers them (it moves on our writes), so `same` stays correct.
   if (unchanged != nullptr) *unchanged = same;
   return r;
+}
+
+void Client::note_kernel_read(InodeId ino) {
+  std::lock_guard<std::mutex> lock(opened_mu_);
+  auto it = opened_.find(ino);
+  if (it != opened_.end()) it->second.kernel_read = true;
 }
 
 std::unique_ptr<ReadContext> Client::make_read_context(uint64_t generation) const {
@@ -902,10 +953,9 @@ void Client::note_small_file(const proto::InodeAttr& attr) {
   looked_up_[attr.ino] = LookedUp{attr.generation, attr.size, attr.layout};
 }
 
-// Reading a small file is open + one read: with the attributes of the lookup that preceded the
-// open, its one block is fetched at once instead of after the meta open returns. The block is
-// cached under the lookup's generation, so if the open finds a newer one, set_generation() drops
-// it unread (close-to-open holds); the read joins the fetch in flight (ChunkCache).
+// The block is cached under the lookup's generation, so if the open finds a newer one,
+// set_generation() drops it unread (close-to-open holds); the read joins the fetch in flight
+// (ChunkCache).
 void Client::prefetch_small_file(InodeId ino, uint32_t flags) {
   LookedUp f;
   {
@@ -919,10 +969,11 @@ void Client::prefetch_small_file(InodeId ino, uint32_t flags) {
   if ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC) != 0) return;
   {
     // Opened before at this generation: the kernel may still hold the pages (keep_cache) and then
-    // sends no read at all.
+    // sends no read at all; it did not at that open when it read the file from us then (a data
+    // set larger than the page cache, read again every epoch).
     std::lock_guard<std::mutex> lock(opened_mu_);
     auto it = opened_.find(ino);
-    if (it != opened_.end() && it->second.generation == f.generation) return;
+    if (it != opened_.end() && it->second.generation == f.generation && !it->second.kernel_read) return;
   }
   if (wb_find(ino) != nullptr || pool_->stopped()) return;
   ChunkCache::Lookup lk;
@@ -1043,6 +1094,7 @@ Result<size_t> Client::read_pieces(InodeId ino, const proto::Layout& layout, uin
     return bytes.size();
   };
   if (buf.empty()) return size_t{0};
+  if (offset == 0) note_kernel_read(ino);
   // Our own buffered writes first: a client always reads what it wrote.
   PENSTOCK_RETURN_IF_ERROR(wb_drain_overlap(ino, offset, buf.size()));
   uint64_t size = size_hint;
@@ -1461,17 +1513,153 @@ Status Client::release(InodeId ino, bool flush_writes, WriteCursor* cursor) {
     }
     cb_->closed(ino, written);
   }
+  queue_releases({ino});
+  return flushed;
+}
+
+void Client::queue_releases(const std::vector<InodeId>& inos) {
+  if (inos.empty()) return;
   bool queued = false;
   {
     std::lock_guard<std::mutex> lock(rel_mu_);
     if (rel_running_ && !rel_stop_) {
-      rel_queue_.push_back(ino);
+      const bool was_empty = rel_queue_.empty();
+      rel_queue_.insert(rel_queue_.end(), inos.begin(), inos.end());
       queued = true;
-      if (rel_queue_.size() == 1 || rel_queue_.size() >= meta::kMaxReleaseBatch) rel_cv_.notify_all();
+      if (was_empty || rel_queue_.size() >= meta::kMaxReleaseBatch) rel_cv_.notify_all();
     }
   }
-  if (!queued) send_releases({ino});  // no session, or after shutdown()
-  return flushed;
+  if (!queued) send_releases(inos);  // no session, or after shutdown()
+}
+
+// ---- open tickets (client.h) ----
+
+// Threads remembered at once; beyond it every ticket is dropped and the table starts again.
+constexpr size_t kMaxTicketCallers = 4096;
+
+bool Client::tickets_on() const {
+  return options_.open_tickets && options_.register_session && lookup_open_ok_.load(std::memory_order_relaxed) &&
+         !tickets_closed_.load();
+}
+
+void Client::release_tickets(const std::vector<OpenTicket>& dropped) {
+  if (dropped.empty()) return;
+  std::vector<InodeId> send;
+  const SessionId now = session();
+  for (const OpenTicket& t : dropped) {
+    // Granted to a session this client no longer has: that session's opens went with it, and a
+    // release under the new one could take away an open of a real handle.
+    if (t.session == now) {
+      send.push_back(t.ino);
+    } else {
+      count_release(t.ino);
+    }
+  }
+  queue_releases(send);
+}
+
+void Client::drop_ticket_locked(CallerTickets& c, std::vector<OpenTicket>* dropped) {
+  if (!c.ticket.has_value()) return;
+  dropped->push_back(std::move(*c.ticket));
+  c.ticket.reset();
+  c.want = false;  // this thread's lookups have not been for opens lately
+  ++ticket_stats_.dropped;
+  tickets_held_.fetch_sub(1);
+}
+
+bool Client::want_ticket(uint64_t caller, std::vector<OpenTicket>* dropped) {
+  if (!tickets_on()) return false;
+  std::lock_guard<std::mutex> lock(tickets_mu_);
+  auto it = tickets_.find(caller);
+  if (it == tickets_.end()) {
+    if (tickets_.size() >= kMaxTicketCallers) {
+      for (auto& [tid, c] : tickets_) drop_ticket_locked(c, dropped);
+      tickets_.clear();
+    }
+    it = tickets_.emplace(caller, CallerTickets{}).first;
+  }
+  // An earlier ticket cannot belong to an open after this lookup: the open takes its own. Asking
+  // again keeps it until the answer, in case it names the same file (stat() then open()).
+  if (!it->second.want) drop_ticket_locked(it->second, dropped);
+  return it->second.want;
+}
+
+void Client::keep_ticket(uint64_t caller, const proto::InodeAttr& attr, std::optional<SessionId> opened_for,
+                         std::vector<OpenTicket>* dropped) {
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(tickets_mu_);
+    CallerTickets& c = tickets_[caller];
+    if (!opened_for.has_value()) return drop_ticket_locked(c, dropped);
+    ++ticket_stats_.granted;
+    OpenTicket fresh{attr.ino, attr, std::chrono::steady_clock::now(), *opened_for};
+    if (tickets_closed_.load()) {
+      // shutdown() has begun: the releaser may have swept for the last time.
+      dropped->push_back(std::move(fresh));
+      ++ticket_stats_.dropped;
+      return;
+    }
+    if (c.ticket.has_value() && c.ticket->ino == attr.ino && c.ticket->session == *opened_for) {
+      // The same file again (stat() and then open()): one open is enough, the newer attributes win.
+      dropped->push_back(std::move(*c.ticket));
+      ++ticket_stats_.dropped;
+      c.ticket = std::move(fresh);
+      return;
+    }
+    drop_ticket_locked(c, dropped);
+    c.ticket = std::move(fresh);
+    first = tickets_held_.fetch_add(1) == 0;
+  }
+  if (first && releaser_idle_.load()) {
+    // The releaser sleeps without a timeout: wake it to expire this ticket should nobody take it.
+    std::lock_guard<std::mutex> lock(rel_mu_);
+    rel_cv_.notify_all();
+  }
+}
+
+std::optional<proto::InodeAttr> Client::take_ticket(uint64_t caller, InodeId ino, bool usable) {
+  if (caller == 0) return std::nullopt;
+  std::vector<OpenTicket> dropped;
+  std::optional<proto::InodeAttr> taken;
+  {
+    std::lock_guard<std::mutex> lock(tickets_mu_);
+    auto it = tickets_.find(caller);
+    if (it == tickets_.end()) return std::nullopt;
+    CallerTickets& c = it->second;
+    if (c.ticket.has_value() && c.ticket->ino == ino) {
+      if (usable && std::chrono::steady_clock::now() - c.ticket->granted <= options_.open_ticket_window &&
+          c.ticket->session == session()) {
+        taken = std::move(c.ticket->attr);
+        c.ticket.reset();
+        ++ticket_stats_.taken;
+        tickets_held_.fetch_sub(1);
+      } else {
+        drop_ticket_locked(c, &dropped);
+      }
+    }
+    // This thread opens files after its lookups: it asks again if the open could take a ticket
+    // (a thread opening for writing would only get tickets to release).
+    c.want = usable;
+  }
+  release_tickets(dropped);
+  return taken;
+}
+
+std::vector<Client::OpenTicket> Client::expire_tickets(bool all) {
+  std::vector<OpenTicket> dropped;
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(tickets_mu_);
+  for (auto& [tid, c] : tickets_) {
+    if (c.ticket.has_value() && (all || now - c.ticket->granted > options_.open_ticket_window)) {
+      drop_ticket_locked(c, &dropped);
+    }
+  }
+  return dropped;
+}
+
+OpenTicketStats Client::open_ticket_stats() const {
+  std::lock_guard<std::mutex> lock(tickets_mu_);
+  return ticket_stats_;
 }
 
 // Closes come in bursts (a loader closing the files it read, a rank closing its shards): after
@@ -1480,10 +1668,40 @@ constexpr auto kReleaseGather = std::chrono::milliseconds(2);
 
 void Client::release_loop() {
   std::unique_lock<std::mutex> lock(rel_mu_);
+  auto ready = [this] { return rel_stop_ || !rel_queue_.empty() || reclaim_version_ != reclaimed_version_; };
+  auto last_sweep = std::chrono::steady_clock::now();
   for (;;) {
-    rel_cv_.wait(lock, [this] {
-      return rel_stop_ || !rel_queue_.empty() || reclaim_version_ != reclaimed_version_;
-    });
+    if (tickets_held_.load() > 0) {
+      rel_cv_.wait_for(lock, options_.open_ticket_window, ready);
+    } else {
+      // keep_ticket() notifies when it sees us idle; checking tickets_held_ after publishing that
+      // closes the window in which it could miss us.
+      releaser_idle_.store(true);
+      rel_cv_.wait(lock, [&] { return ready() || tickets_held_.load() > 0; });
+      releaser_idle_.store(false);
+    }
+    // Once a window (a sweep walks every thread's entry), and at the stop: nobody takes them then.
+    const auto now = std::chrono::steady_clock::now();
+    if (tickets_held_.load() > 0 && (rel_stop_ || now - last_sweep >= options_.open_ticket_window)) {
+      last_sweep = now;
+      const bool all = rel_stop_;
+      lock.unlock();
+      std::vector<OpenTicket> expired = expire_tickets(all);
+      const SessionId current = session();
+      std::vector<InodeId> stale;
+      lock.lock();
+      for (const OpenTicket& t : expired) {
+        if (t.session == current) {
+          rel_queue_.push_back(t.ino);
+        } else {
+          stale.push_back(t.ino);
+        }
+      }
+      lock.unlock();
+      for (InodeId ino : stale) count_release(ino);  // see release_tickets()
+      lock.lock();
+    }
+    if (!ready()) continue;
     if (reclaim_version_ != reclaimed_version_ && !rel_stop_) {
       const uint64_t version = reclaim_version_;
       lock.unlock();

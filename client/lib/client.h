@@ -33,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -80,6 +81,22 @@ struct ClientOptions {
   // Creates behind a directory lease (client/lib/create_behind.h); needs a session.
   bool create_behind = false;
   CreateBehindOptions create_behind_options;
+  // Open tickets (Client::lookup_entry with a caller): a read-only open right after its lookup
+  // costs no meta round trip of its own; needs a session.
+  bool open_tickets = true;
+  // How long after its lookup's answer a ticket may be taken. The kernel sends the OPEN of an
+  // open() right after the LOOKUP of its last path component; a thread descheduled longer than
+  // this in between only costs the Open round trip. It also bounds how long a ticket nobody takes
+  // keeps an unlinked file's chunks (to about two windows: the releaser sweeps once a window).
+  std::chrono::milliseconds open_ticket_window{50};
+};
+
+// Open tickets (Client::lookup_entry): opens the meta server granted with a lookup, those an
+// open() took, and those released unused (the lookup was not followed by an open of the file).
+struct OpenTicketStats {
+  uint64_t granted = 0;
+  uint64_t taken = 0;
+  uint64_t dropped = 0;
 };
 
 // Per open file handle read state: the generation the handle was opened at (cache key) and the
@@ -132,11 +149,15 @@ class Client {
   // A lookup for a kernel's dentry cache: also asks for the entry lease a directory may get
   // (server/meta/entry_leases.h). `trust_s` is how long the name may be reused without asking:
   // the lease less the time since the request was sent and a margin; 0 without a lease.
+  // `caller` is the thread the kernel looks up for (the FUSE request's pid; 0: unknown). With it a
+  // regular file found is opened with the lookup (an open ticket) for the open() of that thread
+  // that may follow; see "Open tickets" below.
   struct Entry {
     proto::InodeAttr attr;
     double trust_s = 0;
+    bool opened = false;  // an open ticket was granted: call prefetch_small_file() after the reply
   };
-  Result<Entry> lookup_entry(InodeId parent, const std::string& name);
+  Result<Entry> lookup_entry(InodeId parent, const std::string& name, uint64_t caller = 0);
   // A directory's attributes as the meta server last sent them to this client, while younger than
   // ClientOptions::dir_attr_max_age (client/lib/dir_attr_cache.h); nullopt otherwise.
   std::optional<DirAttrCache::Hit> cached_dir_attr(InodeId dir) const;
@@ -175,8 +196,14 @@ class Client {
   // Opens for this session (bookkeeping that keeps an unlinked file's chunks alive). When
   // `unchanged` is given it says whether the file's generation and mtime are the same as at this
   // client's previous open of it (the kernel may keep its cached pages); either way cached data of
-  // an older generation is dropped here (close-to-open).
-  Result<proto::InodeAttr> open(InodeId ino, uint32_t flags, bool* unchanged = nullptr);
+  // an older generation is dropped here (close-to-open). A read-only open by the `caller` whose
+  // lookup just got an open ticket for `ino` takes that ticket instead of asking the meta server.
+  Result<proto::InodeAttr> open(InodeId ino, uint32_t flags, bool* unchanged = nullptr, uint64_t caller = 0);
+  // Reading a small file is open + one read: with the attributes of the lookup that preceded the
+  // open, its one block is fetched at once instead of after the meta open returns (open() calls
+  // this; a mount calls it right after answering a lookup that got an open ticket, Entry::opened).
+  // Nothing when the lookup did not find a small file, or the kernel may hold its pages.
+  void prefetch_small_file(InodeId ino, uint32_t flags);
   // Read state for a handle opened at `generation` (pass it to read()).
   std::unique_ptr<ReadContext> make_read_context(uint64_t generation) const;
   Result<proto::Layout> get_layout(InodeId ino);
@@ -242,6 +269,7 @@ class Client {
   CacheStats cache_stats() const { return cache_->stats(); }
   // Creates behind a directory lease (all zero when off).
   CreateBehindStats create_behind_stats() const { return cb_ ? cb_->stats() : CreateBehindStats{}; }
+  OpenTicketStats open_ticket_stats() const;
   // Drops the caches between this client and the disks, for cold-cache benchmarks: this client's
   // chunk cache (open handles keep working; blocks in flight are detached, never put back), then
   // the meta server's DropCaches (its record and block caches; kNotSupported from an older server
@@ -392,6 +420,52 @@ class Client {
   // Remembers for ClientOptions::absent_xattr_ttl that `ino` has no "security.capability".
   void note_no_caps(InodeId ino);
 
+  // ---- open tickets ----
+  // The kernel's open() of a path sends a LOOKUP of the file (files get no entry timeout,
+  // client/fuse/fuse_ops.cc) and then OPEN, both as the calling thread. lookup_entry() with that
+  // thread as `caller` asks for the open along with the lookup (LookupOpen); an open() of the same
+  // inode by the same thread within ClientOptions::open_ticket_window, with no other lookup of
+  // that thread between, takes it instead of sending Open: the attributes are the ones this open's
+  // own path walk fetched, so close-to-open holds. Tickets of an earlier session are not taken,
+  // nor released under the current one. Unused tickets (a stat(), an open the kernel refused) are
+  // released through the release queue: by the next lookup of the thread, or by the releaser
+  // once older than the window. A thread whose last ticket went unused, or whose last open was for
+  // writing, asks for no more until it opens a file read-only again (a tree walk or an rm -r
+  // costs at most two opens and releases of the meta server per thread).
+  struct OpenTicket {
+    InodeId ino;
+    proto::InodeAttr attr;
+    std::chrono::steady_clock::time_point granted;
+    SessionId session;  // the session the meta server opened it for
+  };
+  struct CallerTickets {
+    bool want = true;  // ask at this thread's next lookup (its last open was read-only)
+    std::optional<OpenTicket> ticket;
+  };
+  bool tickets_on() const;
+  // Whether `caller`'s lookup should ask; drops the thread's ticket when not (into `dropped`).
+  bool want_ticket(uint64_t caller, std::vector<OpenTicket>* dropped);
+  // After `caller`'s lookup: `attr` opened for session `opened_for`, or not opened (nullopt); the
+  // thread's older ticket goes into `dropped`.
+  void keep_ticket(uint64_t caller, const proto::InodeAttr& attr, std::optional<SessionId> opened_for,
+                   std::vector<OpenTicket>* dropped);
+  // The ticket of `caller` for `ino`, taken when `usable` and fresh (dropped otherwise).
+  std::optional<proto::InodeAttr> take_ticket(uint64_t caller, InodeId ino, bool usable);
+  // Tickets older than the window (all of them with `all`), dropped.
+  std::vector<OpenTicket> expire_tickets(bool all);
+  void drop_ticket_locked(CallerTickets& c, std::vector<OpenTicket>* dropped);  // REQUIRES: tickets_mu_
+  // Releases dropped tickets at the meta server (queued), those of the current session only.
+  void release_tickets(const std::vector<OpenTicket>& dropped);
+  // Queues the meta release of opens (closed handles, dropped tickets).
+  void queue_releases(const std::vector<InodeId>& inos);
+  mutable std::mutex tickets_mu_;  // leaf lock
+  std::unordered_map<uint64_t, CallerTickets> tickets_;  // by caller thread; guarded by tickets_mu_
+  OpenTicketStats ticket_stats_;                         // guarded by tickets_mu_
+  std::atomic<size_t> tickets_held_{0};       // the releaser expires tickets while there are any
+  std::atomic<bool> releaser_idle_{false};    // the releaser waits without a timeout
+  std::atomic<bool> lookup_open_ok_{true};    // false once the meta server answered kNotSupported
+  std::atomic<bool> tickets_closed_{false};   // shutdown() began: no new tickets
+
   std::mutex rel_mu_;  // guards rel_queue_, rel_running_ and rel_stop_ (leaf lock)
   std::condition_variable rel_cv_;
   std::vector<InodeId> rel_queue_;  // releases not yet sent
@@ -407,7 +481,11 @@ class Client {
   struct OpenedVersion {
     uint64_t generation = 0;
     int64_t mtime_ns = 0;
+    // The kernel asked for the file's first bytes since that open: its pages were not cached
+    // (keep_cache or not), so the next open's small-file prefetch is not wasted.
+    bool kernel_read = false;
   };
+  void note_kernel_read(InodeId ino);
   std::mutex open_counts_mu_;  // leaf lock
   std::unordered_map<uint64_t, uint32_t> open_counts_;  // ino -> handles open at the meta server
   std::mutex opened_mu_;  // leaf lock
@@ -420,7 +498,6 @@ class Client {
     proto::Layout layout;
   };
   void note_small_file(const proto::InodeAttr& attr);
-  void prefetch_small_file(InodeId ino, uint32_t flags);
   std::mutex looked_up_mu_;  // leaf lock
   std::unordered_map<InodeId, LookedUp> looked_up_;  // guarded by looked_up_mu_
   std::mutex async_mu_;  // guards async_fetches_ and async_closed_ (leaf lock)

@@ -54,8 +54,22 @@ class ClientReadTest : public ::testing::Test {
     o.client.call_timeout = 60s;
     o.client.cache_size = 64ull << 20;
     o.client.readahead_max = 4ull << 20;
+    adjust(o);
     ASSERT_TRUE(cluster_.start(o));
     client_ = &cluster_.client();
+  }
+  // A derived fixture's changes to the cluster's options.
+  virtual void adjust(testing::InProcessClusterOptions&) {}
+
+  // A client of its own (a second mount), with default options.
+  std::unique_ptr<client::Client> second_client() {
+    client::ClientOptions o;
+    o.meta_address = cluster_.meta_address();
+    o.transport = net::TransportKind::kTcp;
+    o.call_timeout = 60s;
+    auto c = client::Client::connect(o);
+    EXPECT_TRUE(c.has_value()) << c.error().to_string();
+    return c.has_value() ? std::move(*c) : nullptr;
   }
 
   void TearDown() override { cluster_.stop(); }
@@ -171,8 +185,7 @@ TEST_F(ClientReadTest, SmallFileOpenedAfterALookupIsFetchedDuringTheOpen) {
   pieces.clear();
   EXPECT_TRUE(client_->release(a->ino).is_ok());
 
-  // Opened before at this generation (the kernel may hold the pages), or opened for writing, or
-  // with no lookup since: no fetch at open.
+  // Cached here already, or opened for writing, or with no lookup since: no fetch at open.
   ASSERT_TRUE(client_->lookup_entry(InodeId{1}, "small").has_value());
   ASSERT_TRUE(client_->open(created.ino, O_RDONLY).has_value());
   ASSERT_TRUE(client_->release(created.ino).is_ok());
@@ -180,6 +193,155 @@ TEST_F(ClientReadTest, SmallFileOpenedAfterALookupIsFetchedDuringTheOpen) {
   ASSERT_TRUE(client_->open(created.ino, O_RDWR).has_value());
   ASSERT_TRUE(client_->release(created.ino).is_ok());
   EXPECT_EQ(client_->cache_stats().misses, read.misses);
+}
+
+// Open tickets (client.h): a lookup for a caller thread opens the regular file it finds, and that
+// thread's read-only open of it takes the ticket instead of asking the meta server again.
+class ClientOpenTicketTest : public ClientReadTest {
+ protected:
+  static constexpr uint64_t kThread = 4242;  // a caller thread id, as a FUSE request carries it
+  // Long enough for another client's synced unlink between a lookup and its open (sanitizers,
+  // slow disks); the tests that let a ticket expire sleep past it.
+  static constexpr auto kWindow = 500ms;
+
+  void adjust(testing::InProcessClusterOptions& o) override { o.client.open_ticket_window = kWindow; }
+
+  // Whether the meta server still has inode `ino`, asked until it has not or 5 s passed.
+  bool gone_within_5s(InodeId ino) {
+    for (int i = 0; i < 500; ++i) {
+      if (client_->getattr(ino).status().code() == Code::kNotFound) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  }
+};
+
+// The ticket is an open at the meta server from the lookup on: a file another host unlinks between
+// this thread's lookup and its open still opens, and reads back whole (POSIX: the open came first).
+TEST_F(ClientOpenTicketTest, TheOpenAfterTheLookupTakesItsTicketAndHoldsAFileUnlinkedInBetween) {
+  const std::vector<uint8_t> data = testing::seeded_bytes(70u << 10, 31);
+  const proto::InodeAttr created = write_closed("held", data);
+  ASSERT_NE(created.ino.value, 0u);
+  auto other = second_client();
+  ASSERT_NE(other, nullptr);
+
+  auto looked = client_->lookup_entry(InodeId{1}, "held", kThread);
+  ASSERT_TRUE(looked.has_value()) << looked.error().to_string();
+  EXPECT_TRUE(looked->opened);
+  ASSERT_TRUE(other->unlink(InodeId{1}, "held").is_ok());
+  auto a = client_->open(created.ino, O_RDONLY, nullptr, kThread);
+  ASSERT_TRUE(a.has_value()) << a.error().to_string();
+  EXPECT_EQ(a->size, data.size());
+  const client::OpenTicketStats st = client_->open_ticket_stats();
+  EXPECT_EQ(st.granted, 1u);
+  EXPECT_EQ(st.taken, 1u);
+  EXPECT_EQ(st.dropped, 0u);
+
+  auto ctx = client_->make_read_context(a->generation);
+  std::vector<uint8_t> got(data.size() + 1, kSentinel);
+  auto n = client_->read(a->ino, a->layout, a->size, 0, got, ctx.get());
+  ASSERT_TRUE(n.has_value()) << n.error().to_string();
+  ASSERT_EQ(*n, data.size());
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), got.begin()));
+  // Its last release lets the unlinked file go.
+  ASSERT_TRUE(client_->release(created.ino).is_ok());
+  EXPECT_TRUE(gone_within_5s(created.ino));
+}
+
+// A ticket nobody takes (a stat(), an open of another thread, a write open, an open too late) is
+// released: the file it held goes once unlinked, and every such open asks the meta server itself.
+TEST_F(ClientOpenTicketTest, TicketsNotTakenAreReleasedAndTheirOpensAskTheServer) {
+  const proto::InodeAttr stat_only = write_closed("stat-only", testing::seeded_bytes(1000, 1));
+  const proto::InodeAttr other_thread = write_closed("other-thread", testing::seeded_bytes(1000, 2));
+  const proto::InodeAttr for_write = write_closed("for-write", testing::seeded_bytes(1000, 3));
+  const proto::InodeAttr late = write_closed("late", testing::seeded_bytes(1000, 4));
+  auto other = second_client();
+  ASSERT_NE(other, nullptr);
+
+  // A stat(): nothing follows; the releaser drops the ticket, and the unlink then removes the file.
+  ASSERT_TRUE(client_->lookup_entry(InodeId{1}, "stat-only", kThread).has_value());
+  ASSERT_TRUE(other->unlink(InodeId{1}, "stat-only").is_ok());
+  EXPECT_TRUE(gone_within_5s(stat_only.ino)) << "an unused ticket kept an unlinked file";
+
+  // Another thread's open, a write open, an open past the window: no ticket taken, all open fine.
+  ASSERT_TRUE(client_->open(stat_only.ino, O_RDONLY, nullptr, kThread).status().code() == Code::kNotFound);
+  ASSERT_TRUE(client_->lookup_entry(InodeId{1}, "other-thread", kThread).has_value());
+  ASSERT_TRUE(client_->open(other_thread.ino, O_RDONLY, nullptr, kThread + 1).has_value());
+  ASSERT_TRUE(client_->lookup_entry(InodeId{1}, "late", kThread).has_value());
+  std::this_thread::sleep_for(kWindow + 300ms);
+  ASSERT_TRUE(client_->open(late.ino, O_RDONLY, nullptr, kThread).has_value());
+  ASSERT_TRUE(client_->lookup_entry(InodeId{1}, "for-write", kThread).has_value());
+  ASSERT_TRUE(client_->open(for_write.ino, O_WRONLY, nullptr, kThread).has_value());
+  EXPECT_EQ(client_->open_ticket_stats().taken, 0u);
+  EXPECT_EQ(client_->open_ticket_stats().granted, 4u) << "each of the four lookups asked for a ticket";
+
+  // Each of those files is open exactly once now: after the releases and the unlinks all go.
+  for (const proto::InodeAttr* f : {&other_thread, &for_write, &late}) ASSERT_TRUE(client_->release(f->ino).is_ok());
+  for (const char* name : {"other-thread", "for-write", "late"}) ASSERT_TRUE(other->unlink(InodeId{1}, name).is_ok());
+  for (const proto::InodeAttr* f : {&other_thread, &for_write, &late}) {
+    EXPECT_TRUE(gone_within_5s(f->ino)) << "inode " << f->ino.to_string() << " is still open somewhere";
+  }
+  const client::OpenTicketStats st = client_->open_ticket_stats();
+  EXPECT_EQ(st.taken, 0u);
+  EXPECT_EQ(st.dropped, st.granted) << "every ticket granted was released";
+}
+
+// A thread that only looks files up (a tree walk, stat() after stat()) stops asking for tickets
+// after its first unused one, until it opens a file again; stat() and then open() of one file
+// keeps one ticket, which the open takes.
+TEST_F(ClientOpenTicketTest, AThreadThatOnlyLooksUpStopsAskingAndStatThenOpenTakesOne) {
+  for (int i = 0; i < 6; ++i) write_closed("walk-" + std::to_string(i), testing::seeded_bytes(100, i));
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(client_->lookup_entry(InodeId{1}, "walk-" + std::to_string(i), kThread).has_value());
+  }
+  EXPECT_LE(client_->open_ticket_stats().granted, 2u) << "a walking thread kept asking for opens";
+
+  // An open without a ticket turns asking back on; stat() then open() of one file takes a ticket.
+  auto w0 = client_->lookup_entry(InodeId{1}, "walk-0", kThread);
+  ASSERT_TRUE(w0.has_value());
+  ASSERT_TRUE(client_->open(w0->attr.ino, O_RDONLY, nullptr, kThread).has_value());
+  ASSERT_TRUE(client_->release(w0->attr.ino).is_ok());
+  const client::OpenTicketStats before = client_->open_ticket_stats();
+  ASSERT_TRUE(client_->lookup_entry(InodeId{1}, "walk-1", kThread).has_value());  // stat()
+  auto w1 = client_->lookup_entry(InodeId{1}, "walk-1", kThread);                 // open()'s lookup
+  ASSERT_TRUE(w1.has_value());
+  ASSERT_TRUE(client_->open(w1->attr.ino, O_RDONLY, nullptr, kThread).has_value());
+  const client::OpenTicketStats after = client_->open_ticket_stats();
+  EXPECT_EQ(after.taken, before.taken + 1);
+  ASSERT_TRUE(client_->release(w1->attr.ino).is_ok());
+}
+
+// A small file opened before at its generation and not read from us then (the kernel served it
+// from its pages, keep_cache) is not fetched at the next open: the kernel likely still holds it.
+// One the kernel did read from us at its last open is fetched again (its pages went: a data set
+// larger than the page cache, read every epoch).
+TEST_F(ClientReadTest, SmallFileIsFetchedAtOpenOnlyWhenTheKernelReadItFromUsLastTime) {
+  const std::vector<uint8_t> data = testing::seeded_bytes(30u << 10, 23);
+  const proto::InodeAttr created = write_closed("epochs", data);
+  ASSERT_NE(created.ino.value, 0u);
+  auto open_after_lookup = [&]() -> client::CacheStats {
+    const client::CacheStats before = client_->cache_stats();
+    EXPECT_TRUE(client_->lookup_entry(InodeId{1}, "epochs").has_value());
+    auto a = client_->open(created.ino, O_RDONLY);
+    EXPECT_TRUE(a.has_value());
+    const client::CacheStats after = client_->cache_stats();
+    return client::CacheStats{after.hits - before.hits, after.waits - before.waits, after.misses - before.misses};
+  };
+  client::CacheStats first = open_after_lookup();  // a new generation: fetched
+  EXPECT_EQ(first.misses, 1u);
+  ASSERT_TRUE(client_->release(created.ino).is_ok());
+  client::CacheStats second = open_after_lookup();  // not read from us last time: nothing asked
+  EXPECT_EQ(second.hits + second.waits + second.misses, 0u) << "fetched a file the kernel may hold";
+  // This open is read from us (offset 0, as the kernel's first read): the next open fetches.
+  auto ctx = client_->make_read_context(created.generation);
+  std::vector<uint8_t> buf(data.size());
+  auto attr = client_->getattr(created.ino);
+  ASSERT_TRUE(attr.has_value());
+  ASSERT_TRUE(client_->read(created.ino, attr->layout, attr->size, 0, buf, ctx.get()).has_value());
+  ASSERT_TRUE(client_->release(created.ino).is_ok());
+  client::CacheStats third = open_after_lookup();
+  EXPECT_EQ(third.hits + third.waits + third.misses, 1u) << "the open did not fetch what the kernel had to read";
+  ASSERT_TRUE(client_->release(created.ino).is_ok());
 }
 
 // A lookup that finds a file past one cache block forgets what an earlier lookup saw of it, so the
@@ -546,11 +708,14 @@ TEST_F(ClientReadTest, FilesCreatedBehindALeaseAreAppliedInOrderAndSeenByAnother
   const std::vector<uint8_t> data(1000, 0x5a);
   ASSERT_TRUE(ca.write(made.back().ino, *layout, 0, data).is_ok());
   ASSERT_TRUE(ca.flush(made.back().ino).is_ok());
-  // B: its first look waits until A's lease is over, then sees all 300 with A's numbers.
-  auto last = client_->lookup(dir->ino, "f299");
-  ASSERT_TRUE(last.has_value()) << last.error().to_string();
+  // B: its first look (as a FUSE lookup, which asks for an open ticket too) waits until A's lease
+  // is over, then sees all 300 with A's numbers.
+  auto last_entry = client_->lookup_entry(dir->ino, "f299", /*caller=*/77);
+  ASSERT_TRUE(last_entry.has_value()) << last_entry.error().to_string();
+  const proto::InodeAttr* last = &last_entry->attr;
   EXPECT_EQ(last->ino, made.back().ino);
   EXPECT_EQ(last->size, data.size());
+  EXPECT_TRUE(last_entry->opened);
   auto listed = client_->readdir(dir->ino, "", 1000, false);
   ASSERT_TRUE(listed.has_value()) << listed.error().to_string();
   EXPECT_EQ(listed->entries.size(), 300u);
@@ -567,16 +732,12 @@ TEST_F(ClientReadTest, FilesCreatedBehindALeaseAreAppliedInOrderAndSeenByAnother
 TEST_F(ClientReadTest, RenamesWaitingOutLeasesDoNotHoldUpCreates) {
   constexpr int kRenames = 8;  // twice the in-process meta server's workers
   const proto::Caller root{0, 0};
-  client::ClientOptions o2;
-  o2.meta_address = cluster_.meta_address();
-  o2.transport = net::TransportKind::kTcp;
-  o2.call_timeout = 60s;
-  auto c2 = client::Client::connect(o2);
-  ASSERT_TRUE(c2.has_value()) << c2.error().to_string();
+  auto c2 = second_client();
+  ASSERT_NE(c2, nullptr);
   for (int i = 0; i < kRenames; ++i) {
     const std::string name = "leased-" + std::to_string(i);
     ASSERT_TRUE(client_->mkdir(InodeId{1}, name, S_IFDIR | 0755, root).has_value());
-    auto e = (*c2)->lookup_entry(InodeId{1}, name);  // the second client now holds a lease on it
+    auto e = c2->lookup_entry(InodeId{1}, name);  // the second client now holds a lease on it
     ASSERT_TRUE(e.has_value()) << e.error().to_string();
     ASSERT_GT(e->trust_s, 0.0) << "no lease granted: the renames below would not wait";
   }
@@ -599,7 +760,7 @@ TEST_F(ClientReadTest, RenamesWaitingOutLeasesDoNotHoldUpCreates) {
   for (int i = 0; i < kRenames; ++i) {
     EXPECT_TRUE(client_->lookup(InodeId{1}, "moved-" + std::to_string(i)).has_value()) << i;
   }
-  c2->reset();
+  c2.reset();
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -507,6 +508,36 @@ TEST_F(MountTest, WriteOnlyOpensBypassThePageCacheWithDirectWrites) {
   }
   unmount_and_reap(direct);
   EXPECT_FALSE(is_mount_point(direct));
+}
+
+// open() of a file by path sends LOOKUP and then OPEN as the calling thread: the LOOKUP's open
+// ticket is taken, and the OPEN costs no meta round trip (client/lib/client.h, "Open tickets").
+// The mount's last log line at unmount counts them.
+TEST_F(MountTest, OpensByPathTakeTheOpenTicketOfTheirLookup) {
+  Cluster cluster;
+  ASSERT_TRUE(cluster.up());
+  constexpr int kFiles = 20;
+  for (int i = 0; i < kFiles; ++i) {
+    ASSERT_TRUE(write_file(cluster.mount_path() + "/f" + std::to_string(i), pattern(5000 + i, 0, i)));
+  }
+  for (int i = 0; i < kFiles; ++i) {
+    std::string back;
+    ASSERT_TRUE(read_file(cluster.mount_path() + "/f" + std::to_string(i), &back));
+    EXPECT_TRUE(same_bytes(pattern(5000 + i, 0, i), back)) << i;
+  }
+  ASSERT_TRUE(cluster.down());
+  std::ifstream log(cluster.state_dir() + "/logs/mount1.log");
+  std::string line, last;
+  while (std::getline(log, line)) {
+    if (line.find("open tickets: ") != std::string::npos) last = line;
+  }
+  ASSERT_FALSE(last.empty()) << "no open-ticket counts in the mount's log";
+  const size_t at = last.find("open tickets: ");
+  unsigned long long granted = 0, taken = 0;
+  ASSERT_EQ(std::sscanf(last.c_str() + at, "open tickets: %llu granted, %llu taken", &granted, &taken), 2) << last;
+  // Most, not all: an OPEN later than the window after its LOOKUP (a loaded machine) asks itself.
+  EXPECT_GE(taken, static_cast<unsigned long long>(kFiles / 2)) << last;
+  EXPECT_LE(taken, granted) << last;
 }
 
 }  // namespace
