@@ -375,27 +375,24 @@ Result<Client::Entry> Client::lookup_entry(InodeId parent, const std::string& na
   const bool ask = caller != 0 && want_ticket(caller, &dropped);
   const meta::LookupReq req{parent, name, session()};
   const DirAttrCache::Ticket t = dir_attrs_.ticket();  // t.sent: when the call left
-  Result<meta::AttrResp> r = Status(Code::kInternal, "no lookup sent");
   bool opened = false;
-  if (ask) {
+  Result<meta::AttrResp> r = [&]() -> Result<meta::AttrResp> {
+    if (!ask) return meta_call<meta::Lookup>(req);
     // Sent once (an open is not safe to repeat): a lost answer or an unreachable server falls back
     // to Lookup, which waits for a restarting server. (A LookupOpen applied but not answered
     // leaves its open until the session ends, as a lost Open does.)
     auto lo = meta_call<meta::LookupOpen>(req);
     if (lo.has_value()) {
       opened = lo->opened;
-      r = meta::AttrResp{std::move(lo->attr), lo->entry_lease_ns, std::nullopt};
-    } else if (lo.error().code() == Code::kNotSupported || failed_in_transit(lo.error().code())) {
-      if (lo.error().code() == Code::kNotSupported && lookup_open_ok_.exchange(false)) {
-        PENSTOCK_LOG(Info) << "penstock-meta predates LookupOpen: every open asks the meta server itself";
-      }
-      r = meta_call<meta::Lookup>(req);
-    } else {
-      r = std::move(lo).error();
+      return meta::AttrResp{std::move(lo->attr), lo->entry_lease_ns, std::nullopt};
     }
-  } else {
-    r = meta_call<meta::Lookup>(req);
-  }
+    const Code code = lo.error().code();
+    if (code != Code::kNotSupported && !failed_in_transit(code)) return std::move(lo).error();
+    if (code == Code::kNotSupported && lookup_open_ok_.exchange(false)) {
+      PENSTOCK_LOG(Info) << "penstock-meta predates LookupOpen: every open asks the meta server itself";
+    }
+    return meta_call<meta::Lookup>(req);
+  }();
   Result<Entry> out = [&]() -> Result<Entry> {
     if (!r.has_value()) return std::move(r).error();
     const auto left =
@@ -580,25 +577,23 @@ Result<proto::InodeAttr> Client::open(InodeId ino, uint32_t flags, bool* unchang
   prefetch_small_file(ino, flags);
   const bool read_only = (flags & O_ACCMODE) == O_RDONLY && (flags & O_TRUNC) == 0;
   std::optional<proto::InodeAttr> ticket = take_ticket(caller, ino, read_only);
-  Result<proto::InodeAttr> r = Status(Code::kInternal, "not opened");
   if (ticket.has_value()) {
     merge_local_size(&*ticket);  // own writes since the lookup (counted at the grant)
-    r = std::move(*ticket);
   } else {
-    r = attr_call<meta::Open>(meta::OpenReq{ino, session(), flags});
-    if (!r.has_value()) return r;
+    PENSTOCK_ASSIGN_OR_RETURN(ticket, attr_call<meta::Open>(meta::OpenReq{ino, session(), flags}));
     count_open(ino);
   }
+  const proto::InodeAttr& r = *ticket;  // the open's attributes, either way
   // Close-to-open: cached blocks of an older generation go now.
-  cache_->set_generation(ino, r->generation);
+  cache_->set_generation(ino, r.generation);
   bool same = false;
   {
     std::lock_guard<std::mutex> lock(opened_mu_);
     auto it = opened_.find(ino);
-    same = it != opened_.end() && it->second.generation == r->generation && it->second.mtime_ns == r->mtime_ns;
+    same = it != opened_.end() && it->second.generation == r.generation && it->second.mtime_ns == r.mtime_ns;
     // A bounded memory of versions: forgetting only costs a cache drop at the next open.
     if (it == opened_.end() && opened_.size() >= (1u << 20)) opened_.clear();
-    opened_[ino] = OpenedVersion{r->generation, r->mtime_ns};
+    opened_[ino] = OpenedVersion{r.generation, r.mtime_ns};
   }
   // Our own unreported writes are in the kernel's pages but not in the meta generation: the
   // merged mtime covers them (it moves on our writes), so `same` stays correct.
@@ -1686,19 +1681,7 @@ void Client::release_loop() {
       last_sweep = now;
       const bool all = rel_stop_;
       lock.unlock();
-      std::vector<OpenTicket> expired = expire_tickets(all);
-      const SessionId current = session();
-      std::vector<InodeId> stale;
-      lock.lock();
-      for (const OpenTicket& t : expired) {
-        if (t.session == current) {
-          rel_queue_.push_back(t.ino);
-        } else {
-          stale.push_back(t.ino);
-        }
-      }
-      lock.unlock();
-      for (InodeId ino : stale) count_release(ino);  // see release_tickets()
+      release_tickets(expire_tickets(all));  // queued, or at the stop sent from here
       lock.lock();
     }
     if (!ready()) continue;
