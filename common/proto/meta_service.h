@@ -248,6 +248,25 @@ struct ScrubResp {
   PENSTOCK_FIELDS(targets, targets_failed, inodes, orphans, removed, unknown, errors);
 };
 
+// ---- exactly-once changes (a reply cache the meta server keeps on disk) ----
+// A change sent as Replay carries its session, a reply slot and a sequence number. The meta server
+// writes the change's reply into the change's own write batch, keyed by (session, slot), so a
+// change is applied at most once however often its request comes: a repeat of the slot's last
+// sequence number gets the stored reply (also after a restart of penstock-meta), a higher one runs
+// as a new change, a lower one is kInvalid. A mount whose change lost its connection on the way
+// (penstock-meta restarting) sends it again with the same slot and number until its deadline.
+// `method`: the change's own method id (one of the kinds below), `message`: its encoded request;
+// the response's `message` is the change's encoded response, its errors the change's errors
+// (never stored: an error applies nothing). A slot holds one change at a time; slots are
+// 0..kReplySlots-1. kBadHandle for an unknown or expired session, kNotSupported for a method that
+// is not a change (server/meta/meta_server.cc lists them).
+inline constexpr uint32_t kReplySlots = 64;
+struct ReplayReq {
+  SessionId session; uint32_t slot = 0; uint64_t seq = 0; uint16_t method = 0; std::string message;
+  PENSTOCK_FIELDS(session, slot, seq, method, message);
+};
+struct ReplayResp { std::string message; PENSTOCK_FIELDS(message); };
+
 using ServiceId = ::penstock::proto::ServiceId;
 PENSTOCK_METHOD(RegisterSession, ServiceId::kMeta, 1, RegisterSessionReq, RegisterSessionResp);
 PENSTOCK_METHOD(Heartbeat, ServiceId::kMeta, 2, SessionReq, HeartbeatResp);
@@ -287,5 +306,9 @@ PENSTOCK_METHOD(RegisterNode, ServiceId::kMeta, 61, RegisterNodeReq, RegisterNod
 PENSTOCK_METHOD(NodeHeartbeat, ServiceId::kMeta, 62, NodeHeartbeatReq, HeartbeatResp);
 PENSTOCK_METHOD(DirLease, ServiceId::kMeta, 70, DirLeaseReq, DirLeaseResp);
 PENSTOCK_METHOD(CreateBatch, ServiceId::kMeta, 71, CreateBatchReq, CreateBatchResp);
+// Replay carries the changes that may run on the worker pool; ReplayWaiting those that may wait
+// out other mounts' leases (rmdir, rename), on the waiting pool.
+PENSTOCK_METHOD(Replay, ServiceId::kMeta, 80, ReplayReq, ReplayResp);
+PENSTOCK_METHOD(ReplayWaiting, ServiceId::kMeta, 81, ReplayReq, ReplayResp);
 
 }  // namespace penstock::proto::meta

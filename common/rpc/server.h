@@ -100,16 +100,23 @@ class RpcServer {
   RpcServer& operator=(const RpcServer&) = delete;
 
   template <proto::RpcMethod M>
-  void handle(std::function<Result<typename M::Response>(const typename M::Request&, RequestContext&)> fn,
-              Dispatch dispatch = Dispatch::kWorker) {
-    add_handler(M::kService, M::kId, std::string(M::kName), dispatch,
-                [fn = std::move(fn)](std::span<const uint8_t> msg, RequestContext& ctx) -> Result<std::string> {
-                  auto req = proto::decode<typename M::Request>(msg);
-                  if (!req.has_value()) return std::move(req).error().with_context(std::string(M::kName) + " request");
-                  auto resp = fn(*req, ctx);
-                  if (!resp.has_value()) return std::move(resp).error();
-                  return proto::encode(*resp);
-                });
+  using TypedHandler = std::function<Result<typename M::Response>(const typename M::Request&, RequestContext&)>;
+
+  template <proto::RpcMethod M>
+  void handle(TypedHandler<M> fn, Dispatch dispatch = Dispatch::kWorker) {
+    add_handler(M::kService, M::kId, std::string(M::kName), dispatch, raw<M>(std::move(fn)));
+  }
+
+  // `fn` as a raw handler: decodes the request, encodes the response.
+  template <proto::RpcMethod M>
+  static RawHandler raw(TypedHandler<M> fn) {
+    return [fn = std::move(fn)](std::span<const uint8_t> msg, RequestContext& ctx) -> Result<std::string> {
+      auto req = proto::decode<typename M::Request>(msg);
+      if (!req.has_value()) return std::move(req).error().with_context(std::string(M::kName) + " request");
+      auto resp = fn(*req, ctx);
+      if (!resp.has_value()) return std::move(resp).error();
+      return proto::encode(*resp);
+    };
   }
 
   // Binds and starts serving. kUnavailable naming the address when it cannot bind.

@@ -1,5 +1,10 @@
 #include "server/meta/meta_server.h"
 
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+
 #include "common/base/log.h"
 #include "common/proto/meta_service.h"
 
@@ -11,6 +16,45 @@ namespace {
 Result<proto::Empty> empty_or(Status st) {
   if (!st.is_ok()) return st;
   return proto::Empty{};
+}
+
+// The changes a Replay may carry (common/proto/meta_service.h, "exactly-once changes"), by method
+// id, with the pool each runs on.
+struct Change {
+  rpc::RpcServer::RawHandler handler;
+  rpc::Dispatch dispatch;
+};
+using Changes = std::unordered_map<uint16_t, Change>;
+
+// Registers `fn` for M, and as a change a Replay may carry.
+template <proto::RpcMethod M>
+void handle_change(rpc::RpcServer& server, Changes& changes, rpc::RpcServer::TypedHandler<M> fn,
+                   rpc::Dispatch dispatch = rpc::Dispatch::kWorker) {
+  changes[M::kId] = Change{rpc::RpcServer::raw<M>(fn), dispatch};
+  server.handle<M>(std::move(fn), dispatch);
+}
+
+// The handler of Replay (`pool` kWorker) or ReplayWaiting (kWaiting): runs the carried change
+// through MetaService::replay().
+rpc::RpcServer::TypedHandler<pm::Replay> replay_handler(MetaService& svc, std::shared_ptr<const Changes> changes,
+                                                         rpc::Dispatch pool) {
+  return [&svc, changes = std::move(changes), pool](const pm::ReplayReq& r,
+                                                    rpc::RequestContext& ctx) -> Result<pm::ReplayResp> {
+    auto it = changes->find(r.method);
+    if (it == changes->end()) {
+      return Status(Code::kNotSupported, "method " + std::to_string(r.method) + " is not a change a Replay may carry");
+    }
+    if (it->second.dispatch != pool) {
+      const bool waits = it->second.dispatch == rpc::Dispatch::kWaiting;
+      return Status(Code::kInvalid, "method " + std::to_string(r.method) + (waits ? " may" : " does not") +
+                                        " wait out other mounts' leases: send it as " +
+                                        (waits ? "ReplayWaiting" : "Replay"));
+    }
+    const rpc::RpcServer::RawHandler& handler = it->second.handler;
+    const std::span<const uint8_t> message(reinterpret_cast<const uint8_t*>(r.message.data()), r.message.size());
+    PENSTOCK_ASSIGN_OR_RETURN(std::string out, svc.replay(r, [&] { return handler(message, ctx); }));
+    return pm::ReplayResp{std::move(out)};
+  };
 }
 
 rpc::ServerOptions with_waiting_pool(rpc::ServerOptions options) {
@@ -27,6 +71,7 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
   // a group commit runs on the worker pool. (An open of an already unlinked file syncs inline; it is
   // rare.)
   constexpr rpc::Dispatch kInline = rpc::Dispatch::kInline;
+  auto changes = std::make_shared<Changes>();
   server.handle<pm::RegisterSession>(
       [&svc](const pm::RegisterSessionReq& r, RequestContext&) { return svc.register_session(r); });
   server.handle<pm::Heartbeat>([&svc](const pm::SessionReq& r, RequestContext&) { return svc.heartbeat(r); },
@@ -37,19 +82,19 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
                  kInline);
   server.handle<pm::GetAttr>([&svc](const pm::InodeReq& r, RequestContext&) { return svc.get_attr(r); },
                  kInline);
-  server.handle<pm::SetAttr>([&svc](const pm::SetAttrReq& r, RequestContext&) { return svc.set_attr(r); });
-  server.handle<pm::Create>([&svc](const pm::CreateReq& r, RequestContext&) { return svc.create(r); });
-  server.handle<pm::Mknod>([&svc](const pm::MknodReq& r, RequestContext&) { return svc.mknod(r); });
-  server.handle<pm::Mkdir>([&svc](const pm::MkdirReq& r, RequestContext&) { return svc.mkdir(r); });
-  server.handle<pm::Unlink>([&svc](const pm::NameReq& r, RequestContext&) { return empty_or(svc.unlink(r)); });
+  handle_change<pm::SetAttr>(server, *changes, [&svc](const pm::SetAttrReq& r, RequestContext&) { return svc.set_attr(r); });
+  handle_change<pm::Create>(server, *changes, [&svc](const pm::CreateReq& r, RequestContext&) { return svc.create(r); });
+  handle_change<pm::Mknod>(server, *changes, [&svc](const pm::MknodReq& r, RequestContext&) { return svc.mknod(r); });
+  handle_change<pm::Mkdir>(server, *changes, [&svc](const pm::MkdirReq& r, RequestContext&) { return svc.mkdir(r); });
+  handle_change<pm::Unlink>(server, *changes, [&svc](const pm::NameReq& r, RequestContext&) { return empty_or(svc.unlink(r)); });
   // rmdir and rename may sleep until other mounts' entry leases on their names ended (up to the
   // lease term plus grace): they run on the waiting pool, so that they never hold the workers.
-  server.handle<pm::Rmdir>([&svc](const pm::NameReq& r, RequestContext&) { return empty_or(svc.rmdir(r)); },
+  handle_change<pm::Rmdir>(server, *changes, [&svc](const pm::NameReq& r, RequestContext&) { return empty_or(svc.rmdir(r)); },
                            rpc::Dispatch::kWaiting);
-  server.handle<pm::Rename>([&svc](const pm::RenameReq& r, RequestContext&) { return empty_or(svc.rename(r)); },
+  handle_change<pm::Rename>(server, *changes, [&svc](const pm::RenameReq& r, RequestContext&) { return empty_or(svc.rename(r)); },
                             rpc::Dispatch::kWaiting);
-  server.handle<pm::Link>([&svc](const pm::LinkReq& r, RequestContext&) { return svc.link(r); });
-  server.handle<pm::Symlink>([&svc](const pm::SymlinkReq& r, RequestContext&) { return svc.symlink(r); });
+  handle_change<pm::Link>(server, *changes, [&svc](const pm::LinkReq& r, RequestContext&) { return svc.link(r); });
+  handle_change<pm::Symlink>(server, *changes, [&svc](const pm::SymlinkReq& r, RequestContext&) { return svc.symlink(r); });
   server.handle<pm::Readlink>([&svc](const pm::InodeReq& r, RequestContext&) { return svc.readlink(r); },
                  kInline);
   server.handle<pm::ReadDir>([&svc](const pm::ReadDirReq& r, RequestContext&) { return svc.read_dir(r); },
@@ -58,11 +103,11 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
                  kInline);
   server.handle<pm::GetXattr>([&svc](const pm::GetXattrReq& r, RequestContext&) { return svc.get_xattr(r); },
                  kInline);
-  server.handle<pm::SetXattr>(
+  handle_change<pm::SetXattr>(server, *changes, 
       [&svc](const pm::SetXattrReq& r, RequestContext&) { return empty_or(svc.set_xattr(r)); });
   server.handle<pm::ListXattr>([&svc](const pm::InodeReq& r, RequestContext&) { return svc.list_xattr(r); },
                  kInline);
-  server.handle<pm::RemoveXattr>(
+  handle_change<pm::RemoveXattr>(server, *changes, 
       [&svc](const pm::GetXattrReq& r, RequestContext&) { return empty_or(svc.remove_xattr(r)); });
   server.handle<pm::LookupOpen>(
       [&svc](const pm::LookupReq& r, RequestContext&) { return svc.lookup_open(r); }, kInline);
@@ -74,7 +119,7 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
       [&svc](const pm::ReclaimOpensReq& r, RequestContext&) { return empty_or(svc.reclaim_opens(r)); });
   server.handle<pm::ReleaseMany>(
       [&svc](const pm::ReleaseManyReq& r, RequestContext&) { return empty_or(svc.release_many(r)); }, kInline);
-  server.handle<pm::ReportSize>([&svc](const pm::ReportSizeReq& r, RequestContext&) { return svc.report_size(r); });
+  handle_change<pm::ReportSize>(server, *changes, [&svc](const pm::ReportSizeReq& r, RequestContext&) { return svc.report_size(r); });
   server.handle<pm::ReportSizeAtClose>(
       [&svc](const pm::ReportSizeReq& r, RequestContext&) { return svc.report_size_at_close(r); }, kInline);
   server.handle<pm::SyncLog>([&svc](const proto::Empty&, RequestContext&) { return empty_or(svc.sync_log()); });
@@ -92,7 +137,7 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
       [&svc](const pm::CreateBatchReq& r, RequestContext&) { return svc.create_batch(r); });
   server.handle<pm::GetLayout>([&svc](const pm::InodeReq& r, RequestContext&) { return svc.get_layout(r); },
                  kInline);
-  server.handle<pm::SetLayout>(
+  handle_change<pm::SetLayout>(server, *changes, 
       [&svc](const pm::SetLayoutReq& r, RequestContext&) { return empty_or(svc.set_layout(r)); });
   server.handle<pm::GetClusterMap>([&svc](const proto::Empty&, RequestContext&) { return svc.get_cluster_map(); },
                  kInline);
@@ -100,6 +145,8 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
       [&svc](const pm::RegisterNodeReq& r, RequestContext&) { return svc.register_node(r); });
   server.handle<pm::NodeHeartbeat>(
       [&svc](const pm::NodeHeartbeatReq& r, RequestContext&) { return svc.node_heartbeat(r); });
+  server.handle<pm::Replay>(replay_handler(svc, changes, rpc::Dispatch::kWorker));
+  server.handle<pm::ReplayWaiting>(replay_handler(svc, changes, rpc::Dispatch::kWaiting), rpc::Dispatch::kWaiting);
 }
 
 MetaServer::MetaServer(MetaService& service, rpc::ServerOptions options)

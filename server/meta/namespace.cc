@@ -42,6 +42,15 @@ constexpr uint32_t kMaxDirDepth = 1u << 16;     // bound of the ancestor walk (l
 constexpr uint32_t kKnownSetAttrBits = pm::kSetMode | pm::kSetUid | pm::kSetGid | pm::kSetSize | pm::kSetAtime |
                                        pm::kSetMtime | pm::kSetAtimeNow | pm::kSetMtimeNow;
 
+// The change this thread runs for MetaService::replay(), which commit_change() stores the reply of.
+struct ReplyScope {
+  SessionId session;
+  uint32_t slot = 0;
+  uint64_t seq = 0;
+  uint16_t method = 0;
+};
+thread_local const ReplyScope* t_reply_scope = nullptr;
+
 bool is_dir(uint32_t mode) { return S_ISDIR(mode); }
 bool is_reg(uint32_t mode) { return S_ISREG(mode); }
 
@@ -252,6 +261,16 @@ class MetaService::Txn {
   std::map<uint64_t, Entry> cache_;
   WriteBatch batch_;
 };
+
+template <class Resp>
+Status MetaService::commit_change(Txn& txn, const Resp& response) {
+  const ReplyScope* scope = t_reply_scope;
+  if (scope != nullptr && session_alive(scope->session)) {
+    txn.batch().put(schema::reply_key(scope->session, scope->slot),
+                    schema::encode_record(schema::ReplyRecord{scope->seq, scope->method, proto::encode(response)}));
+  }
+  return txn.commit();
+}
 
 // ---------------------------------------------------------------------------------------------
 // Setup
@@ -674,6 +693,11 @@ Status MetaService::drop_opens_of_session(SessionId session, bool* queued_gc) {
     }
   }
   for (InodeId ino : dir_leases_.inodes_of(session)) txn.batch().del(schema::grant_key(session, ino));
+  const std::string replies = schema::reply_prefix(session);
+  PENSTOCK_RETURN_IF_ERROR(store_->scan(replies, replies, [&](std::string_view key, std::string_view) {
+    txn.batch().del(std::string(key));
+    return true;
+  }));
   txn.batch().del(schema::session_key(session));
   return txn.commit();
 }
@@ -836,7 +860,7 @@ Result<pm::AttrResp> MetaService::make_node_applied(InodeId parent_ino, const st
   Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
   PENSTOCK_ASSIGN_OR_RETURN(pm::AttrResp resp,
                             make_node_in(txn, parent_ino, name, mode, rdev, caller, session, symlink_target, ino, now));
-  PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("create " + quoted(name) + " in directory " + parent_ino.to_string()));
+  PENSTOCK_RETURN_IF_ERROR(commit_change(txn, resp).with_context("create " + quoted(name) + " in directory " + parent_ino.to_string()));
   return resp;
 }
 
@@ -990,7 +1014,7 @@ Status MetaService::unlink_applied(const pm::NameReq& req) {
     PENSTOCK_RETURN_IF_ERROR(drop_link(txn, *rec, now, &queued));
     set_mtime_ctime(parent, now);
     txn.dirty(parent);
-    PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("unlink " + quoted(req.name)));
+    PENSTOCK_RETURN_IF_ERROR(commit_change(txn, proto::Empty{}).with_context("unlink " + quoted(req.name)));
   }
   notify_gc(queued);
   return Status::ok();
@@ -1015,7 +1039,7 @@ Status MetaService::rmdir_applied(const pm::NameReq& req, InodeId checked_victim
   parent->attr.nlink -= 1;
   set_mtime_ctime(parent, now);
   txn.dirty(parent);
-  return txn.commit().with_context("rmdir " + quoted(req.name));
+  return commit_change(txn, proto::Empty{}).with_context("rmdir " + quoted(req.name));
 }
 
 // Rename, as renameat2(2) on a local file system:
@@ -1129,7 +1153,7 @@ Status MetaService::rename_applied(const pm::RenameReq& req, InodeId checked_vic
     set_mtime_ctime(np, now);
     txn.dirty(p);
     txn.dirty(np);
-    PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("rename " + quoted(req.name) + " to " + quoted(req.new_name)));
+    PENSTOCK_RETURN_IF_ERROR(commit_change(txn, proto::Empty{}).with_context("rename " + quoted(req.name) + " to " + quoted(req.new_name)));
   }
   notify_gc(queued);
   return Status::ok();
@@ -1158,7 +1182,7 @@ Result<pm::AttrResp> MetaService::link_applied(const pm::LinkReq& req) {
                   schema::encode_record(DentryRecord{req.ino, rec->attr.mode & S_IFMT}));
   pm::AttrResp resp{rec->attr};
   resp.parent = np->attr;
-  PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("link " + quoted(req.new_name)));
+  PENSTOCK_RETURN_IF_ERROR(commit_change(txn, resp).with_context("link " + quoted(req.new_name)));
   return resp;
 }
 
@@ -1196,7 +1220,7 @@ Result<pm::AttrResp> MetaService::set_attr_applied(const pm::SetAttrReq& req) {
   a.ctime_ns = now;
   txn.dirty(rec);
   pm::AttrResp resp{a};
-  PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("setattr inode " + req.ino.to_string()));
+  PENSTOCK_RETURN_IF_ERROR(commit_change(txn, resp).with_context("setattr inode " + req.ino.to_string()));
   return resp;
 }
 
@@ -1213,7 +1237,7 @@ Result<pm::AttrResp> MetaService::report_size_applied(const pm::ReportSizeReq& r
   rec->attr.generation += 1;
   txn.dirty(rec);
   pm::AttrResp resp{rec->attr};
-  PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("report size of inode " + req.ino.to_string()));
+  PENSTOCK_RETURN_IF_ERROR(commit_change(txn, resp).with_context("report size of inode " + req.ino.to_string()));
   return resp;
 }
 
@@ -1241,7 +1265,7 @@ Status MetaService::set_xattr_applied(const pm::SetXattrReq& req) {
   txn.batch().put(std::move(key), req.value);
   rec->attr.ctime_ns = options_.now();
   txn.dirty(rec);
-  return txn.commit().with_context("setxattr on inode " + req.ino.to_string());
+  return commit_change(txn, proto::Empty{}).with_context("setxattr on inode " + req.ino.to_string());
 }
 
 Status MetaService::remove_xattr_applied(const pm::GetXattrReq& req) {
@@ -1255,7 +1279,7 @@ Status MetaService::remove_xattr_applied(const pm::GetXattrReq& req) {
   txn.batch().del(std::move(key));
   rec->attr.ctime_ns = options_.now();
   txn.dirty(rec);
-  return txn.commit().with_context("removexattr on inode " + req.ino.to_string());
+  return commit_change(txn, proto::Empty{}).with_context("removexattr on inode " + req.ino.to_string());
 }
 
 Result<pm::AttrResp> MetaService::open_file_applied(const pm::OpenReq& req, bool* orphan) {
@@ -1360,7 +1384,7 @@ Status MetaService::set_layout_applied(const pm::SetLayoutReq& req) {
   rec->attr.layout.seed = 0;
   rec->attr.layout.chains.clear();
   txn.dirty(rec);
-  return txn.commit().with_context("set layout of directory " + req.ino.to_string());
+  return commit_change(txn, proto::Empty{}).with_context("set layout of directory " + req.ino.to_string());
 }
 
 Result<pm::StatFsResp> MetaService::stat_fs() {
@@ -2005,6 +2029,62 @@ Result<pm::AttrResp> MetaService::report_size_at_close(const pm::ReportSizeReq& 
   return handed(std::move(r));
 }
 Status MetaService::sync_log() { return durable(Status::ok()); }
+Result<std::string> MetaService::replay(const pm::ReplayReq& req, const std::function<Result<std::string>()>& change) {
+  const std::string where = "change " + std::to_string(req.seq) + " in reply slot " + std::to_string(req.slot) +
+                            " of session " + req.session.to_string();
+  if (req.slot >= pm::kReplySlots) {
+    return Status(Code::kInvalid, where + ": slots are 0.." + std::to_string(pm::kReplySlots - 1));
+  }
+  if (req.seq == 0) return Status(Code::kInvalid, where + ": sequence numbers start at 1");
+  // One change per slot at a time: a repeat that comes while the first runs (its connection broke,
+  // this server lives) waits for the first's reply instead of running beside it.
+  const std::pair<uint64_t, uint32_t> slot{req.session.value, req.slot};
+  {
+    std::unique_lock lock(replay_mu_);
+    replay_cv_.wait(lock, [&] { return replaying_.count(slot) == 0; });
+    replaying_.insert(slot);
+  }
+  struct Leave {
+    MetaService* self;
+    std::pair<uint64_t, uint32_t> slot;
+    ~Leave() {
+      {
+        std::lock_guard lock(self->replay_mu_);
+        self->replaying_.erase(slot);
+      }
+      self->replay_cv_.notify_all();
+    }
+  } leave{this, slot};
+
+  PENSTOCK_ASSIGN_OR_RETURN(auto stored, store_->get(schema::reply_key(req.session, req.slot)));
+  if (stored.has_value()) {
+    PENSTOCK_ASSIGN_OR_RETURN(auto rec, schema::decode_record<schema::ReplyRecord>(*stored, "reply record of " + where));
+    if (rec.seq == req.seq) {
+      if (rec.method != req.method) {
+        return Status(Code::kInvalid, where + " names method " + std::to_string(req.method) + ", but ran as method " +
+                                          std::to_string(rec.method));
+      }
+      return std::move(rec.message);  // applied before: the same reply, nothing runs again
+    }
+    if (rec.seq > req.seq) {
+      return Status(Code::kInvalid, where + " is older than the slot's last change (" + std::to_string(rec.seq) +
+                                        "); it is not run");
+    }
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (!session_alive(req.session)) {
+      return Status(Code::kBadHandle, "session " + req.session.to_string() + " is unknown or expired; register a new session");
+    }
+  }
+  const ReplyScope scope{req.session, req.slot, req.seq, req.method};
+  t_reply_scope = &scope;
+  struct Clear {
+    ~Clear() { t_reply_scope = nullptr; }
+  } clear;
+  return change();
+}
+
 Status MetaService::set_xattr(const pm::SetXattrReq& req) { return durable(set_xattr_applied(req)); }
 Status MetaService::remove_xattr(const pm::GetXattrReq& req) { return durable(remove_xattr_applied(req)); }
 // Opens and releases are the hot path of every file read: they live in memory (OpenTable) and are

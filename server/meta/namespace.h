@@ -18,6 +18,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -29,6 +30,7 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "common/base/result.h"
@@ -237,6 +239,15 @@ class MetaService {
   void set_scrub_runner(ScrubFn fn);
   Result<pm::ScrubResp> scrub(const pm::ScrubReq& req);
   uint64_t map_version();
+  // ---- exactly-once changes (pm::ReplayReq) ----
+  // Runs `change`, the handler of the change `req` carries, at most once per (session, slot,
+  // seq): the change's mutation writes its reply into its own batch (commit_change), and a repeat
+  // of the slot's last seq gets that reply without running anything, also after a restart. One
+  // change at a time per slot: a repeat that comes while the first still runs waits for it.
+  // kInvalid for a slot out of range, seq 0, a seq below the slot's last or a repeat naming another
+  // method; kBadHandle for an unknown or expired session. Errors of `change` are not stored.
+  Result<std::string> replay(const pm::ReplayReq& req, const std::function<Result<std::string>()>& change);
+
   // This file system's id (schema kFileSystemId). Fixed after open().
   const std::string& fs_id() const { return fs_id_; }
   const MetaOptions& options() const { return options_; }
@@ -291,6 +302,11 @@ class MetaService {
   Result<pm::HeartbeatResp> node_heartbeat_applied(const pm::NodeHeartbeatReq& req);
   Status expire_applied();
   Status gc_done_applied(InodeId ino);
+  // txn.commit(), with the reply of the change this thread runs for replay() in the same batch
+  // (`response`, encoded) while its session is alive. Every mutation a Replay may carry commits
+  // this way. REQUIRES mu_.
+  template <class Resp>
+  Status commit_change(Txn& txn, const Resp& response);
   // Waits (without mu_) until everything applied so far is durable; then `result`, or the sync
   // error instead when the sync failed.
   template <class T>
@@ -364,6 +380,10 @@ class MetaService {
   // guards all in-memory state below. Never held across a network wait, nor across a WAL sync.
   std::mutex mu_;
   std::mutex grant_mu_;  // grant_inodes(): one at a time, so no session passes its cap
+  // replay(): the (session, slot) pairs running a change; a leaf lock.
+  std::mutex replay_mu_;
+  std::condition_variable replay_cv_;
+  std::set<std::pair<uint64_t, uint32_t>> replaying_;
   uint64_t next_ino_ = 0;  // next inode number to hand out
   // Applied reservation: numbers below it may have been handed out. Written under mu_, read by
   // durable() without it.

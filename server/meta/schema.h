@@ -34,6 +34,7 @@ inline constexpr std::string_view kTargetPrefix = "t/";
 inline constexpr std::string_view kTargetUuidPrefix = "tu/";
 inline constexpr std::string_view kChainPrefix = "h/";
 inline constexpr std::string_view kGrantPrefix = "u/";  // unused inode numbers given to a session
+inline constexpr std::string_view kReplyPrefix = "y/";  // by session, then reply slot (ReplyRecord)
 
 // ---- counters (value: u64 record) ----
 inline constexpr std::string_view kNextInode = "c/next_ino";  // end of the persisted allocation batch
@@ -95,6 +96,8 @@ inline std::string target_uuid_key(std::string_view uuid) { return std::string(k
 inline std::string chain_key(ChainId c) { return key1(kChainPrefix, c.value); }
 inline std::string grant_prefix(SessionId s) { return key1(kGrantPrefix, s.value); }
 inline std::string grant_key(SessionId s, InodeId ino) { return key2(kGrantPrefix, s.value, ino.value); }
+inline std::string reply_prefix(SessionId s) { return key1(kReplyPrefix, s.value); }
+inline std::string reply_key(SessionId s, uint32_t slot) { return key2(kReplyPrefix, s.value, slot); }
 
 // ---- records ----
 
@@ -142,6 +145,15 @@ struct OpenRecord {
 // An inode whose last link and last open are gone: its chunks must be removed from every target
 // of its layout's chains. The inode record itself is deleted when the entry is queued (its
 // attributes, layout included, live on here).
+// The reply to a session's last change in one reply slot (proto::meta::ReplayReq), written in the
+// change's own batch. `message`: the encoded response.
+struct ReplyRecord {
+  uint64_t seq = 0;
+  uint16_t method = 0;
+  std::string message;
+  PENSTOCK_FIELDS(seq, method, message);
+};
+
 struct GcRecord {
   proto::InodeAttr attr;
   int64_t queued_ns = 0;

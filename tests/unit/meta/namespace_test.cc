@@ -1131,5 +1131,112 @@ TEST(NamespaceDurability, NameChangesSkipTheSyncOnlyWithANumberFromASyncedBatch)
       << "a restart must skip every number reserved before it";
 }
 
+// ---- exactly-once changes (MetaService::replay) ----
+
+// Runs `change` (a MetaService call answering Resp) as the change a Replay carries, counting its
+// runs: the encoded reply, or the error.
+template <class Resp, class Fn>
+Result<std::string> replayed(MetaService& svc, SessionId session, uint32_t slot, uint64_t seq, uint16_t method,
+                             Fn change, int* runs) {
+  return svc.replay(pm::ReplayReq{session, slot, seq, method, ""}, [&]() -> Result<std::string> {
+    ++*runs;
+    Result<Resp> r = change();
+    if (!r.has_value()) return std::move(r).error();
+    return proto::encode(*r);
+  });
+}
+Result<proto::Empty> empty_or(Status st) {
+  if (!st.is_ok()) return st;
+  return proto::Empty{};
+}
+
+TYPED_TEST(NamespaceTest, AChangeRunsOnceAndItsRepeatGetsTheSameReply) {
+  auto& s = *this->svc_;
+  const SessionId sess = this->new_session();
+  int runs = 0;
+  auto mkdir_d = [&] { return this->mkdir(kRootInode, "d"); };
+  auto first = replayed<pm::AttrResp>(s, sess, 3, 7, pm::Mkdir::kId, mkdir_d, &runs);
+  ASSERT_TRUE(first.has_value()) << first.error().to_string();
+  // The repeat (its reply was lost): the same reply, and nothing runs (a second mkdir of "d"
+  // would fail with kExists).
+  auto again = replayed<pm::AttrResp>(s, sess, 3, 7, pm::Mkdir::kId, mkdir_d, &runs);
+  ASSERT_TRUE(again.has_value()) << again.error().to_string();
+  EXPECT_EQ(*again, *first);
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(this->names(kRootInode), (std::vector<std::string>{"d"}));
+  // The slot's next change runs; its error is not stored, so the slot still answers 7 from before.
+  EXPECT_CODE(replayed<pm::AttrResp>(s, sess, 3, 8, pm::Mkdir::kId, mkdir_d, &runs), Code::kExists);
+  EXPECT_EQ(runs, 2);
+  again = replayed<pm::AttrResp>(s, sess, 3, 7, pm::Mkdir::kId, mkdir_d, &runs);
+  ASSERT_TRUE(again.has_value()) << again.error().to_string();
+  EXPECT_EQ(*again, *first);
+  // Another slot of the same session is a slot of its own.
+  auto unlink_d = [&] { return empty_or(this->rmdir(kRootInode, "d")); };
+  ASSERT_TRUE(replayed<proto::Empty>(s, sess, 4, 1, pm::Rmdir::kId, unlink_d, &runs).has_value());
+  ASSERT_TRUE(replayed<proto::Empty>(s, sess, 4, 1, pm::Rmdir::kId, unlink_d, &runs).has_value());
+  EXPECT_EQ(runs, 3);
+  EXPECT_TRUE(this->names(kRootInode).empty());
+  // An older number than the slot's last, a repeat naming another method, a slot out of range and
+  // number 0 run nothing.
+  ASSERT_TRUE(replayed<pm::AttrResp>(s, sess, 3, 9, pm::Mkdir::kId, mkdir_d, &runs).has_value());
+  EXPECT_EQ(runs, 4);
+  EXPECT_CODE(replayed<pm::AttrResp>(s, sess, 3, 7, pm::Mkdir::kId, mkdir_d, &runs), Code::kInvalid);
+  EXPECT_CODE(replayed<proto::Empty>(s, sess, 3, 9, pm::Rmdir::kId, unlink_d, &runs), Code::kInvalid);
+  EXPECT_CODE(replayed<pm::AttrResp>(s, sess, pm::kReplySlots, 1, pm::Mkdir::kId, mkdir_d, &runs), Code::kInvalid);
+  EXPECT_CODE(replayed<pm::AttrResp>(s, sess, 5, 0, pm::Mkdir::kId, mkdir_d, &runs), Code::kInvalid);
+  EXPECT_EQ(runs, 4);
+  // An unknown session runs nothing either.
+  EXPECT_CODE(replayed<pm::AttrResp>(s, SessionId(999), 0, 1, pm::Mkdir::kId, mkdir_d, &runs), Code::kBadHandle);
+  EXPECT_EQ(runs, 4);
+}
+
+TYPED_TEST(NamespaceTest, StoredRepliesSurviveARestartAndGoWithTheirSession) {
+  const SessionId sess = this->new_session();
+  const SessionId other = this->new_session();
+  int runs = 0;
+  auto create_f = [&] { return this->create(kRootInode, "f", sess); };
+  auto unlink_g = [&] { return empty_or(this->unlink(kRootInode, "g")); };
+  auto made = replayed<pm::AttrResp>(*this->svc_, sess, 0, 1, pm::Create::kId, create_f, &runs);
+  ASSERT_TRUE(made.has_value()) << made.error().to_string();
+  this->must_create(kRootInode, "g");
+  ASSERT_TRUE(replayed<proto::Empty>(*this->svc_, sess, 1, 1, pm::Unlink::kId, unlink_g, &runs).has_value());
+  ASSERT_TRUE(replayed<pm::AttrResp>(*this->svc_, other, 0, 1, pm::Mkdir::kId,
+                                     [&] { return this->mkdir(kRootInode, "o"); }, &runs)
+                  .has_value());
+  EXPECT_EQ(runs, 3);
+
+  // A restart (kill -9: the replies are in the changes' own batches).
+  this->svc_.reset();
+  this->store_.reset();
+  this->store_ = this->backend_.open();
+  ASSERT_NE(this->store_, nullptr);
+  this->reopen();
+  auto again = replayed<pm::AttrResp>(*this->svc_, sess, 0, 1, pm::Create::kId, create_f, &runs);
+  ASSERT_TRUE(again.has_value()) << again.error().to_string();
+  EXPECT_EQ(*again, *made);
+  ASSERT_TRUE(replayed<proto::Empty>(*this->svc_, sess, 1, 1, pm::Unlink::kId, unlink_g, &runs).has_value());
+  EXPECT_EQ(runs, 3);
+  EXPECT_EQ(this->names(kRootInode), (std::vector<std::string>{"f", "o"}));
+
+  // A session's end takes its replies with it; the other session's stay.
+  auto stored = [&](SessionId s) {
+    size_t n = 0;
+    const std::string prefix = schema::reply_prefix(s);
+    EXPECT_TRUE(this->store_->scan(prefix, prefix, [&](std::string_view, std::string_view) {
+      ++n;
+      return true;
+    }).is_ok());
+    return n;
+  };
+  EXPECT_EQ(stored(sess), 2u);
+  ASSERT_OK(this->svc_->close_session(pm::SessionReq{sess}));
+  EXPECT_EQ(stored(sess), 0u);
+  EXPECT_EQ(stored(other), 1u);
+  EXPECT_CODE(replayed<pm::AttrResp>(*this->svc_, sess, 0, 1, pm::Create::kId, create_f, &runs), Code::kBadHandle);
+  this->now_ += 31'000'000'000;  // `other` stops heartbeating and expires
+  ASSERT_OK(this->svc_->expire());
+  EXPECT_EQ(stored(other), 0u);
+}
+
 }  // namespace
 }  // namespace penstock::meta
