@@ -284,6 +284,25 @@ constexpr bool kSafeToRepeat =
     std::is_same_v<M, meta::ListXattr> || std::is_same_v<M, meta::GetLayout> ||
     std::is_same_v<M, meta::GetClusterMap> || std::is_same_v<M, meta::SyncLog>;
 
+// The changes penstock-meta answers exactly once (sent as Replay, see send_change); the ones that
+// may wait out other mounts' leases go as ReplayWaiting. Opens, releases and a close's size report
+// are not among them: they answer on penstock-meta's I/O thread, which a Replay does not.
+template <class M>
+constexpr bool kWaitingChange = std::is_same_v<M, meta::Rmdir> || std::is_same_v<M, meta::Rename>;
+template <class M>
+constexpr bool kExactlyOnce =
+    kWaitingChange<M> || std::is_same_v<M, meta::SetAttr> || std::is_same_v<M, meta::Create> ||
+    std::is_same_v<M, meta::Mknod> || std::is_same_v<M, meta::Mkdir> || std::is_same_v<M, meta::Unlink> ||
+    std::is_same_v<M, meta::Link> || std::is_same_v<M, meta::Symlink> || std::is_same_v<M, meta::SetXattr> ||
+    std::is_same_v<M, meta::RemoveXattr> || std::is_same_v<M, meta::ReportSize> || std::is_same_v<M, meta::SetLayout>;
+
+// An error of a Replay named as the change it carried ("Rmdir: ..." for "ReplayWaiting: ...").
+Status named_as_change(const Status& st, std::string_view envelope, std::string_view change) {
+  std::string_view m = st.message();
+  if (m.starts_with(envelope) && m.substr(envelope.size()).starts_with(": ")) m.remove_prefix(envelope.size() + 2);
+  return Status(st.code(), std::string(m)).with_context(change);
+}
+
 template <class M>
 Result<typename M::Response> send_to_meta(rpc::RpcClient& meta, const typename M::Request& req,
                                           std::chrono::milliseconds timeout) {
@@ -315,13 +334,63 @@ Result<typename M::Response> Client::meta_call(const typename M::Request& req) {
     std::optional<Backoff::Clock::time_point> give_up;
     Backoff backoff(std::chrono::milliseconds(2), std::chrono::milliseconds(50));
     for (;;) {
-      auto r = send_to_meta<M>(*meta_, req, options_.call_timeout);
+      auto r = send_meta<M>(req);
       if (r.has_value() || r.error().code() != Code::kBusy) return r;
       if (!give_up.has_value()) give_up = Backoff::Clock::now() + std::chrono::milliseconds(5000);
       if (!backoff.sleep_before(*give_up)) return r;
     }
   } else {
-    return send_to_meta<M>(*meta_, req, options_.call_timeout);
+    return send_meta<M>(req);
+  }
+}
+
+template <class M>
+Result<typename M::Response> Client::send_meta(const typename M::Request& req) {
+  if constexpr (kExactlyOnce<M>) {
+    const SessionId sid = session();
+    if (sid.valid() && !replay_unsupported_.load(std::memory_order_relaxed)) {
+      if (auto r = send_change<M>(sid, req); r.has_value()) return std::move(*r);
+    }
+  }
+  return send_to_meta<M>(*meta_, req, options_.call_timeout);
+}
+
+template <class M>
+std::optional<Result<typename M::Response>> Client::send_change(SessionId session, const typename M::Request& req) {
+  using Envelope = std::conditional_t<kWaitingChange<M>, meta::ReplayWaiting, meta::Replay>;
+  ReplySlots::Held held(reply_slots_);
+  const meta::ReplayReq envelope{session, held.slot(), held.seq(), M::kId, proto::encode(req)};
+  const auto give_up = Backoff::Clock::now() + options_.call_timeout;
+  Backoff backoff(std::chrono::milliseconds(5), std::chrono::milliseconds(200));
+  for (bool again = false;; again = true) {
+    auto r = meta_->call<Envelope>(envelope);
+    if (r.has_value()) {
+      if (again) {
+        PENSTOCK_LOG(Info) << M::kName << " reached penstock-meta again and was answered once";
+      }
+      const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(r->message.data()), r->message.size());
+      auto resp = proto::decode<typename M::Response>(bytes);
+      if (!resp.has_value()) return std::move(resp).error().with_context(std::string(M::kName) + " reply in a Replay");
+      return std::move(*resp);
+    }
+    const Code code = r.error().code();
+    // Nothing ran: an older server without Replay, or a session it no longer knows (the change
+    // goes as itself, as before Replay, and meets that).
+    if (code == Code::kNotSupported) {
+      replay_unsupported_.store(true, std::memory_order_relaxed);
+      PENSTOCK_LOG(Warn) << "penstock-meta does not answer changes exactly once (" << r.error().to_string()
+                         << "); a change whose connection is lost on the way fails with EIO";
+      return std::nullopt;
+    }
+    if (code == Code::kBadHandle) return std::nullopt;
+    if (!failed_in_transit(code)) return named_as_change(r.error(), Envelope::kName, M::kName);
+    // Lost on the way (penstock-meta restarting, a broken connection): the same slot and number
+    // again, which the server answers from its reply cache when the change was applied.
+    if (!again) {
+      PENSTOCK_LOG(Info) << M::kName << " lost its connection to penstock-meta (" << r.error().to_string()
+                         << "); sending it again in reply slot " << held.slot() << " until it is answered";
+    }
+    if (!backoff.sleep_before(give_up)) return named_as_change(r.error(), Envelope::kName, M::kName);
   }
 }
 

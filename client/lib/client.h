@@ -46,6 +46,7 @@
 #include "client/lib/dir_attr_cache.h"
 #include "client/lib/io_plan.h"
 #include "client/lib/read_ahead.h"
+#include "client/lib/reply_slots.h"
 #include "client/lib/write_behind.h"
 #include "common/base/result.h"
 #include "common/net/endpoint.h"
@@ -315,6 +316,15 @@ class Client {
 
   template <class M>
   Result<typename M::Response> meta_call(const typename M::Request& req);
+  // One send of a meta call (meta_call's retries around it): a change penstock-meta can answer
+  // exactly once goes as a Replay (send_change), the rest as themselves.
+  template <class M>
+  Result<typename M::Response> send_meta(const typename M::Request& req);
+  // `req` as a Replay in a reply slot of `session`, sent again with the same slot and number while
+  // it lost its connection on the way, until the call timeout. std::nullopt when this meta server
+  // cannot (an older one, or it no longer knows the session): then send it as itself.
+  template <class M>
+  std::optional<Result<typename M::Response>> send_change(SessionId session, const typename M::Request& req);
 
   Status start();
   void heartbeat_loop();
@@ -403,6 +413,8 @@ class Client {
   std::unordered_map<InodeId, FileState> files_;  // guarded by files_mu_
 
   std::atomic<uint64_t> session_{0};
+  ReplySlots reply_slots_;
+  std::atomic<bool> replay_unsupported_{false};  // the meta server answered Replay kNotSupported
   std::atomic<int64_t> lease_ns_{0};
 
   std::mutex hb_mu_;  // guards stop_ (leaf lock)

@@ -21,6 +21,9 @@
 #include <vector>
 
 #include "client/lib/client.h"
+#include "common/net/transport.h"
+#include "common/proto/codec.h"
+#include "common/rpc/client.h"
 #include "server/data/chunk_format.h"
 #include "tests/support/inproc_cluster.h"
 
@@ -761,6 +764,79 @@ TEST_F(ClientReadTest, RenamesWaitingOutLeasesDoNotHoldUpCreates) {
     EXPECT_TRUE(client_->lookup(InodeId{1}, "moved-" + std::to_string(i)).has_value()) << i;
   }
   c2.reset();
+}
+
+// A change whose reply a restart of penstock-meta lost is sent again with its reply slot and
+// number, and the restarted server answers it from the reply it stored with the change instead of
+// running it again. Here an rmdir waits out another client's entry lease at the server when the
+// server stops: it is applied as the server finishes its handlers, and its reply goes nowhere.
+// Sent again as a new rmdir it would fail (the directory is gone); not sent again at all, EIO.
+TEST_F(ClientReadTest, AChangeWhoseReplyARestartLostIsAnsweredOnce) {
+  const proto::Caller root{0, 0};
+  auto c2 = second_client();
+  ASSERT_NE(c2, nullptr);
+  ASSERT_TRUE(client_->mkdir(InodeId{1}, "victim", S_IFDIR | 0755, root).has_value());
+  auto e = c2->lookup_entry(InodeId{1}, "victim");  // the second client now holds a lease on it
+  ASSERT_TRUE(e.has_value()) << e.error().to_string();
+  ASSERT_GT(e->trust_s, 0.0) << "no lease granted: the rmdir below would not wait";
+  Status removed(Code::kInternal, "the rmdir did not return");
+  std::thread rmdir([&] { removed = client_->rmdir(InodeId{1}, "victim"); });
+  std::this_thread::sleep_for(200ms);  // the rmdir has reached the server and waits
+  ASSERT_TRUE(cluster_.restart_meta());
+  rmdir.join();
+  EXPECT_TRUE(removed.is_ok()) << removed.to_string();
+  auto gone = client_->lookup(InodeId{1}, "victim");
+  ASSERT_FALSE(gone.has_value());
+  EXPECT_EQ(gone.error().code(), Code::kNotFound) << gone.error().to_string();
+  // Changes after the restart go on in the same slots with higher numbers.
+  EXPECT_TRUE(client_->mkdir(InodeId{1}, "victim", S_IFDIR | 0755, root).has_value());
+  EXPECT_TRUE(client_->rmdir(InodeId{1}, "victim").is_ok());
+  c2.reset();
+}
+
+// What penstock-meta does with Replay requests from the wire: it answers a repeat with the bytes it
+// answered first and runs nothing else than a change of the matching pool, saying what is wrong.
+TEST_F(ClientReadTest, PenstockMetaAnswersARepeatedReplayWithTheSameBytes) {
+  namespace pm = proto::meta;
+  net::IoRuntime runtime(1);
+  auto endpoint = net::Endpoint::parse(cluster_.meta_address());
+  ASSERT_TRUE(endpoint.has_value());
+  rpc::RpcClient meta(net::make_tcp_channel(runtime, *endpoint, net::TcpOptions{1000ms, 1}), 10s);
+  auto reg = meta.call<pm::RegisterSession>(pm::RegisterSessionReq{"replay-test", "localhost"});
+  ASSERT_TRUE(reg.has_value()) << reg.error().to_string();
+  const SessionId sess = reg->session;
+  const std::string mkdir_raw = proto::encode(pm::MkdirReq{InodeId{1}, "raw", 0755, proto::Caller{0, 0}, sess});
+  const pm::ReplayReq first{sess, 5, 1, pm::Mkdir::kId, mkdir_raw};
+  auto made = meta.call<pm::Replay>(first);
+  ASSERT_TRUE(made.has_value()) << made.error().to_string();
+  auto again = meta.call<pm::Replay>(first);
+  ASSERT_TRUE(again.has_value()) << again.error().to_string();
+  EXPECT_EQ(again->message, made->message);
+  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(made->message.data()), made->message.size());
+  auto attr = proto::decode<pm::AttrResp>(bytes);
+  ASSERT_TRUE(attr.has_value()) << attr.error().to_string();
+  auto found = client_->lookup(InodeId{1}, "raw");
+  ASSERT_TRUE(found.has_value()) << found.error().to_string();
+  EXPECT_EQ(found->ino, attr->attr.ino);
+
+  auto code_of = [](const auto& r) { return r.has_value() ? Code::kOk : r.error().code(); };
+  // The same slot's next number runs (and fails: the name exists); an older number runs nothing.
+  EXPECT_EQ(code_of(meta.call<pm::Replay>(pm::ReplayReq{sess, 5, 2, pm::Mkdir::kId, mkdir_raw})), Code::kExists);
+  EXPECT_EQ(code_of(meta.call<pm::Replay>(pm::ReplayReq{sess, 5, 0, pm::Mkdir::kId, mkdir_raw})), Code::kInvalid);
+  // Not a change, a change of the other pool, an undecodable change, an unknown session.
+  const std::string lookup_raw = proto::encode(pm::LookupReq{InodeId{1}, "raw", sess});
+  EXPECT_EQ(code_of(meta.call<pm::Replay>(pm::ReplayReq{sess, 6, 1, pm::Lookup::kId, lookup_raw})), Code::kNotSupported);
+  EXPECT_EQ(code_of(meta.call<pm::ReplayWaiting>(pm::ReplayReq{sess, 6, 1, pm::Mkdir::kId, mkdir_raw})), Code::kInvalid);
+  const std::string rmdir_raw = proto::encode(pm::NameReq{InodeId{1}, "raw", sess});
+  EXPECT_EQ(code_of(meta.call<pm::Replay>(pm::ReplayReq{sess, 6, 1, pm::Rmdir::kId, rmdir_raw})), Code::kInvalid);
+  EXPECT_EQ(code_of(meta.call<pm::Replay>(pm::ReplayReq{sess, 6, 1, pm::Mkdir::kId, "\x01\x02"})), Code::kProtocol);
+  EXPECT_EQ(code_of(meta.call<pm::Replay>(pm::ReplayReq{SessionId(1u << 30), 0, 1, pm::Mkdir::kId, mkdir_raw})),
+            Code::kBadHandle);
+  // The directory is still there once, and the rmdir of the right pool removes it.
+  EXPECT_TRUE(client_->lookup(InodeId{1}, "raw").has_value());
+  auto removed = meta.call<pm::ReplayWaiting>(pm::ReplayReq{sess, 6, 2, pm::Rmdir::kId, rmdir_raw});
+  EXPECT_TRUE(removed.has_value()) << removed.error().to_string();
+  EXPECT_FALSE(client_->lookup(InodeId{1}, "raw").has_value());
 }
 
 }  // namespace

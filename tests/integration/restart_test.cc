@@ -394,6 +394,48 @@ TEST(CloseSizeTest, SurvivesAKillOfTheMetaServerRightAfterTheClose) {
   EXPECT_TRUE(cluster.down());
 }
 
+// A change on its way to penstock-meta when it dies is applied once by the restarted server: the
+// mount sends it again (same reply slot, same number) instead of failing it with EIO. Here the
+// server is stopped (SIGSTOP) with an rmdir and a rename in its socket, then killed. Both name
+// only directories this mount holds entry leases on, so the kernel sends them without a LOOKUP
+// first (a LOOKUP, which changes nothing, was always sent again).
+TEST_F(RestartTest, ChangesInFlightWhenMetaIsKilledAreAppliedAfterItsRestart) {
+  ASSERT_EQ(mkdir(p("inflight").c_str(), 0755), 0) << errno_name(errno);
+  for (const char* d : {"inflight/gone", "inflight/dir-a", "inflight/dir-b"}) {
+    ASSERT_EQ(mkdir(p(d).c_str(), 0755), 0) << d << ": " << errno_name(errno);
+  }
+  ASSERT_TRUE(write_file(p("inflight/dir-a/f"), "moved while penstock-meta died"));
+  struct stat st {};
+  for (const char* d : {"inflight/gone", "inflight/dir-a", "inflight/dir-b"}) {
+    ASSERT_EQ(stat(p(d).c_str(), &st), 0) << d << ": " << errno_name(errno);  // looked up: leased
+  }
+  const pid_t meta = cluster_->pid_of("meta");
+  ASSERT_GT(meta, 0) << "no meta pid recorded";
+  ASSERT_EQ(kill(meta, SIGSTOP), 0) << errno_name(errno);
+  int removed = -1, moved = -1, removed_errno = 0, moved_errno = 0;
+  std::thread rmdir_thread([&] {
+    removed = rmdir(p("inflight/gone").c_str());
+    removed_errno = errno;
+  });
+  std::thread rename_thread([&] {
+    moved = rename(p("inflight/dir-a").c_str(), p("inflight/dir-b").c_str());
+    moved_errno = errno;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both wait in the stopped server's socket
+  const bool restarted = cluster_->restart_meta(/*crash=*/true);
+  kill(meta, SIGCONT);  // in case the kill did not happen
+  rmdir_thread.join();
+  rename_thread.join();
+  ASSERT_TRUE(restarted);
+  EXPECT_EQ(removed, 0) << "rmdir: " << errno_name(removed_errno);
+  EXPECT_EQ(moved, 0) << "rename: " << errno_name(moved_errno);
+  EXPECT_FALSE(listed(p("inflight"), "gone"));
+  EXPECT_FALSE(listed(p("inflight"), "dir-a"));
+  std::string back;
+  EXPECT_TRUE(read_file(p("inflight/dir-b/f"), &back));
+  EXPECT_EQ(back, "moved while penstock-meta died");
+}
+
 // Through the mount: when the data servers are gone, a write that was buffered (write-behind)
 // fails at close for every descriptor that was open at the time, also one that wrote nothing,
 // and not for one opened after the failure was reported (Linux's writeback-error semantics).

@@ -60,17 +60,8 @@ class InProcessCluster {
     std::string tmpl = "/tmp/" + o.temp_prefix + ".XXXXXX";
     if (mkdtemp(tmpl.data()) == nullptr) return ::testing::AssertionFailure() << "mkdtemp " << tmpl << " failed";
     dir_ = tmpl;
-    meta::MetaOptions mo;
-    mo.entry_leases.term_ns = meta::kDefaultEntryLeaseNs;  // as the daemon
-    mo.dir_leases.term_ns = meta::kDefaultDirLeaseNs;
-    auto svc = meta::MetaService::open(&store_, mo);
-    if (!svc.has_value()) return ::testing::AssertionFailure() << "meta service: " << svc.error().to_string();
-    service_ = std::move(svc).value();
-    rpc::ServerOptions so;
-    so.listen = net::Endpoint{o.host, 0};
-    meta_ = std::make_unique<meta::MetaServer>(*service_, so);
-    Status st = meta_->start();
-    if (!st.is_ok()) return ::testing::AssertionFailure() << "meta server: " << st.to_string();
+    host_ = o.host;
+    if (auto started = start_meta(0); !started) return started;
     for (int i = 0; i < o.data_servers; ++i) {
       data::DataServerOptions d;
       d.listen = net::Endpoint{o.host, 0};
@@ -80,7 +71,7 @@ class InProcessCluster {
       d.workers = o.data_workers;
       d.rdma = o.rdma;
       data_.push_back(std::make_unique<data::DataServer>(d));
-      st = data_.back()->start();
+      Status st = data_.back()->start();
       if (!st.is_ok()) return ::testing::AssertionFailure() << "data server " << i << ": " << st.to_string();
     }
     for (auto& d : data_) {
@@ -92,6 +83,16 @@ class InProcessCluster {
     if (!c.has_value()) return ::testing::AssertionFailure() << "client: " << c.error().to_string();
     client_ = std::move(c).value();
     return ::testing::AssertionSuccess();
+  }
+
+  // Stops the meta server and starts it again on the same port and store, as a restart of
+  // penstock-meta: handlers still running finish first, their replies lost with the connections.
+  ::testing::AssertionResult restart_meta() {
+    const uint16_t port = meta_->port();
+    meta_->stop();
+    meta_.reset();
+    service_.reset();
+    return start_meta(port);
   }
 
   void stop() {
@@ -118,6 +119,22 @@ class InProcessCluster {
   const std::string& meta_address() const { return meta_address_; }
 
  private:
+  ::testing::AssertionResult start_meta(uint16_t port) {
+    meta::MetaOptions mo;
+    mo.entry_leases.term_ns = meta::kDefaultEntryLeaseNs;  // as the daemon
+    mo.dir_leases.term_ns = meta::kDefaultDirLeaseNs;
+    auto svc = meta::MetaService::open(&store_, mo);
+    if (!svc.has_value()) return ::testing::AssertionFailure() << "meta service: " << svc.error().to_string();
+    service_ = std::move(svc).value();
+    rpc::ServerOptions so;
+    so.listen = net::Endpoint{host_, port};
+    meta_ = std::make_unique<meta::MetaServer>(*service_, so);
+    Status st = meta_->start();
+    if (!st.is_ok()) return ::testing::AssertionFailure() << "meta server: " << st.to_string();
+    return ::testing::AssertionSuccess();
+  }
+
+  std::string host_;
   meta::MemoryStore store_;
   std::unique_ptr<meta::MetaService> service_;
   std::unique_ptr<meta::MetaServer> meta_;
