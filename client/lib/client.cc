@@ -237,6 +237,10 @@ void Client::heartbeat_loop() {
           rel_cv_.notify_all();
         }
       }
+      // A new map version may be a new penstock-meta (an upgrade): ask it for Replay again.
+      if (current == nullptr || current->version() != r->map_version) {
+        replay_unsupported_.store(false, std::memory_order_relaxed);
+      }
       continue;
     }
     if (r.error().code() == Code::kBadHandle || r.error().code() == Code::kNotFound || r.error().code() == Code::kStale) {
@@ -374,15 +378,20 @@ std::optional<Result<typename M::Response>> Client::send_change(SessionId sessio
       return std::move(*resp);
     }
     const Code code = r.error().code();
-    // Nothing ran: an older server without Replay, or a session it no longer knows (the change
-    // goes as itself, as before Replay, and meets that).
-    if (code == Code::kNotSupported) {
-      replay_unsupported_.store(true, std::memory_order_relaxed);
-      PENSTOCK_LOG(Warn) << "penstock-meta does not answer changes exactly once (" << r.error().to_string()
-                         << "); a change whose connection is lost on the way fails with EIO";
-      return std::nullopt;
+    // Nothing ran: an older server without Replay, or a session it no longer knows. On the first
+    // send the change goes as itself, as before Replay (and meets that). Not after a send that was
+    // lost: the change may have been applied then (its reply went with a session that ended, or
+    // with a server that was replaced by an older one), and must not run a second time.
+    if (code == Code::kNotSupported || code == Code::kBadHandle) {
+      if (code == Code::kNotSupported && !replay_unsupported_.exchange(true, std::memory_order_relaxed)) {
+        PENSTOCK_LOG(Warn) << "penstock-meta does not answer changes exactly once (" << r.error().to_string()
+                           << "); a change whose connection is lost on the way fails with EIO";
+      }
+      if (!again) return std::nullopt;
+      return Status(Code::kUnavailable, std::string(M::kName) + ": penstock-meta lost the connection before it answered, "
+                                            "and can no longer tell whether it applied the change (" +
+                                            r.error().to_string() + ")");
     }
-    if (code == Code::kBadHandle) return std::nullopt;
     if (!failed_in_transit(code)) return named_as_change(r.error(), Envelope::kName, M::kName);
     // Lost on the way (penstock-meta restarting, a broken connection): the same slot and number
     // again, which the server answers from its reply cache when the change was applied.

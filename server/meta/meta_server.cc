@@ -42,7 +42,8 @@ rpc::RpcServer::TypedHandler<pm::Replay> replay_handler(MetaService& svc, std::s
                                                     rpc::RequestContext& ctx) -> Result<pm::ReplayResp> {
     auto it = changes->find(r.method);
     if (it == changes->end()) {
-      return Status(Code::kNotSupported, "method " + std::to_string(r.method) + " is not a change a Replay may carry");
+      // kInvalid, not kNotSupported: a mount takes that as a server without Replay.
+      return Status(Code::kInvalid, "method " + std::to_string(r.method) + " is not a change a Replay may carry");
     }
     if (it->second.dispatch != pool) {
       const bool waits = it->second.dispatch == rpc::Dispatch::kWaiting;

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "common/base/log.h"
+#include "common/checksum/checksum.h"
 #include "common/layout/layout.h"
 #include "common/net/endpoint.h"
 #include "server/daemon/daemon.h"
@@ -48,7 +49,11 @@ struct ReplyScope {
   uint32_t slot = 0;
   uint64_t seq = 0;
   uint16_t method = 0;
+  uint64_t request_hash = 0;
 };
+
+// How long a repeat waits for the change still running in its slot before it is told to come again.
+constexpr auto kRepeatWait = std::chrono::seconds(5);
 thread_local const ReplyScope* t_reply_scope = nullptr;
 
 bool is_dir(uint32_t mode) { return S_ISDIR(mode); }
@@ -265,9 +270,16 @@ class MetaService::Txn {
 template <class Resp>
 Status MetaService::commit_change(Txn& txn, const Resp& response) {
   const ReplyScope* scope = t_reply_scope;
-  if (scope != nullptr && session_alive(scope->session)) {
+  if (scope != nullptr) {
+    // Without its reply stored the change could be applied twice (its repeat would run it again):
+    // a session that expired while the change ran gets nothing applied.
+    if (!session_alive(scope->session)) {
+      return Status(Code::kBadHandle, "session " + scope->session.to_string() +
+                                          " expired while its change ran; nothing was changed; register a new session");
+    }
     txn.batch().put(schema::reply_key(scope->session, scope->slot),
-                    schema::encode_record(schema::ReplyRecord{scope->seq, scope->method, proto::encode(response)}));
+                    schema::encode_record(schema::ReplyRecord{scope->seq, scope->method, scope->request_hash,
+                                                              proto::encode(response)}));
   }
   return txn.commit();
 }
@@ -2036,12 +2048,19 @@ Result<std::string> MetaService::replay(const pm::ReplayReq& req, const std::fun
     return Status(Code::kInvalid, where + ": slots are 0.." + std::to_string(pm::kReplySlots - 1));
   }
   if (req.seq == 0) return Status(Code::kInvalid, where + ": sequence numbers start at 1");
+  // The session is checked where the change commits (commit_change, under mu_): taking mu_ here
+  // too would make every change wait for the mutation running beside it twice.
+  const uint64_t request_hash =
+      checksum::xxh3(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(req.message.data()), req.message.size()));
   // One change per slot at a time: a repeat that comes while the first runs (its connection broke,
-  // this server lives) waits for the first's reply instead of running beside it.
+  // this server lives) waits for the first's reply instead of running beside it; for a while only,
+  // then it is told to come again (which its sender does, same slot and number).
   const std::pair<uint64_t, uint32_t> slot{req.session.value, req.slot};
   {
     std::unique_lock lock(replay_mu_);
-    replay_cv_.wait(lock, [&] { return replaying_.count(slot) == 0; });
+    if (!replay_cv_.wait_for(lock, kRepeatWait, [&] { return replaying_.count(slot) == 0; })) {
+      return Status(Code::kUnavailable, where + ": the slot's change still runs; send it again");
+    }
     replaying_.insert(slot);
   }
   struct Leave {
@@ -2060,29 +2079,46 @@ Result<std::string> MetaService::replay(const pm::ReplayReq& req, const std::fun
   if (stored.has_value()) {
     PENSTOCK_ASSIGN_OR_RETURN(auto rec, schema::decode_record<schema::ReplyRecord>(*stored, "reply record of " + where));
     if (rec.seq == req.seq) {
-      if (rec.method != req.method) {
-        return Status(Code::kInvalid, where + " names method " + std::to_string(req.method) + ", but ran as method " +
-                                          std::to_string(rec.method));
+      if (rec.method != req.method || rec.request_hash != request_hash) {
+        return Status(Code::kInvalid, where + " carries another request than the change that ran under its number");
       }
-      return std::move(rec.message);  // applied before: the same reply, nothing runs again
+      // Applied before: the same reply, nothing runs again.
+      if (req.method == pm::Create::kId) PENSTOCK_RETURN_IF_ERROR(reopen_created(req, rec.message));
+      ++replies_repeated_;
+      return std::move(rec.message);
     }
     if (rec.seq > req.seq) {
       return Status(Code::kInvalid, where + " is older than the slot's last change (" + std::to_string(rec.seq) +
                                         "); it is not run");
     }
   }
-  {
-    std::lock_guard lock(mu_);
-    if (!session_alive(req.session)) {
-      return Status(Code::kBadHandle, "session " + req.session.to_string() + " is unknown or expired; register a new session");
-    }
-  }
-  const ReplyScope scope{req.session, req.slot, req.seq, req.method};
+  const ReplyScope scope{req.session, req.slot, req.seq, req.method, request_hash};
   t_reply_scope = &scope;
   struct Clear {
     ~Clear() { t_reply_scope = nullptr; }
   } clear;
   return change();
+}
+
+// A Create opens its file for its session, in memory until the open is old enough to be written
+// (OpenTable), so a restart may have lost the open its stored reply promises: the session gets it
+// again, unless it holds the file open already (then the open survived, or the session's mount has
+// reclaimed it).
+Status MetaService::reopen_created(const pm::ReplayReq& req, const std::string& reply) {
+  auto span_of = [](const std::string& s) {
+    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  };
+  PENSTOCK_ASSIGN_OR_RETURN(auto create, proto::decode<pm::CreateReq>(span_of(req.message)));
+  if (!create.session.valid()) return Status::ok();
+  PENSTOCK_ASSIGN_OR_RETURN(auto made, proto::decode<pm::AttrResp>(span_of(reply)));
+  const InodeId ino = made.attr.ino;
+  std::lock_guard lock(mu_);
+  if (!session_alive(create.session) || opens_.count(create.session, ino) > 0) return Status::ok();
+  PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store_, ino));
+  if (!rec.has_value()) return Status::ok();  // gone since: the mount's I/O on it fails as on any removed file
+  PENSTOCK_LOG(Info) << "the repeated create of inode " << ino.to_string() << " found its open gone (a restart): "
+                     << "session " << create.session.to_string() << " has it open again";
+  return add_open_locked(create.session, ino, rec->attr.nlink == 0);
 }
 
 Status MetaService::set_xattr(const pm::SetXattrReq& req) { return durable(set_xattr_applied(req)); }

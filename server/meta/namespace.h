@@ -242,11 +242,15 @@ class MetaService {
   // ---- exactly-once changes (pm::ReplayReq) ----
   // Runs `change`, the handler of the change `req` carries, at most once per (session, slot,
   // seq): the change's mutation writes its reply into its own batch (commit_change), and a repeat
-  // of the slot's last seq gets that reply without running anything, also after a restart. One
-  // change at a time per slot: a repeat that comes while the first still runs waits for it.
+  // of the slot's last seq gets that reply without running anything, also after a restart (a
+  // Create's lost open is given back: reopen_created). One change at a time per slot: a repeat that
+  // comes while the first still runs waits for it, up to 5 s (then kUnavailable: send it again).
   // kInvalid for a slot out of range, seq 0, a seq below the slot's last or a repeat naming another
-  // method; kBadHandle for an unknown or expired session. Errors of `change` are not stored.
+  // method or request; kBadHandle (nothing applied) when the session is unknown or expired at the
+  // change's commit. Errors of `change` are not stored.
   Result<std::string> replay(const pm::ReplayReq& req, const std::function<Result<std::string>()>& change);
+  // How many repeats replay() answered from a stored reply (since this service started).
+  uint64_t replies_repeated() const { return replies_repeated_.load(); }
 
   // This file system's id (schema kFileSystemId). Fixed after open().
   const std::string& fs_id() const { return fs_id_; }
@@ -307,6 +311,8 @@ class MetaService {
   // this way. REQUIRES mu_.
   template <class Resp>
   Status commit_change(Txn& txn, const Resp& response);
+  // replay() of a Create answered from its stored reply: the open it promises, again if lost.
+  Status reopen_created(const pm::ReplayReq& req, const std::string& reply);
   // Waits (without mu_) until everything applied so far is durable; then `result`, or the sync
   // error instead when the sync failed.
   template <class T>
@@ -384,6 +390,7 @@ class MetaService {
   std::mutex replay_mu_;
   std::condition_variable replay_cv_;
   std::set<std::pair<uint64_t, uint32_t>> replaying_;
+  std::atomic<uint64_t> replies_repeated_{0};
   uint64_t next_ino_ = 0;  // next inode number to hand out
   // Applied reservation: numbers below it may have been handed out. Written under mu_, read by
   // durable() without it.

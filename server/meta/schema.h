@@ -142,18 +142,20 @@ struct OpenRecord {
   PENSTOCK_FIELDS(count);
 };
 
-// An inode whose last link and last open are gone: its chunks must be removed from every target
-// of its layout's chains. The inode record itself is deleted when the entry is queued (its
-// attributes, layout included, live on here).
 // The reply to a session's last change in one reply slot (proto::meta::ReplayReq), written in the
-// change's own batch. `message`: the encoded response.
+// change's own batch. `request_hash`: XXH3 of the change's encoded request (a repeat must carry
+// the same request); `message`: the encoded response.
 struct ReplyRecord {
   uint64_t seq = 0;
   uint16_t method = 0;
+  uint64_t request_hash = 0;
   std::string message;
-  PENSTOCK_FIELDS(seq, method, message);
+  PENSTOCK_FIELDS(seq, method, request_hash, message);
 };
 
+// An inode whose last link and last open are gone: its chunks must be removed from every target
+// of its layout's chains. The inode record itself is deleted when the entry is queued (its
+// attributes, layout included, live on here).
 struct GcRecord {
   proto::InodeAttr attr;
   int64_t queued_ns = 0;

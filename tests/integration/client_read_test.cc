@@ -771,7 +771,22 @@ TEST_F(ClientReadTest, RenamesWaitingOutLeasesDoNotHoldUpCreates) {
 // running it again. Here an rmdir waits out another client's entry lease at the server when the
 // server stops: it is applied as the server finishes its handlers, and its reply goes nowhere.
 // Sent again as a new rmdir it would fail (the directory is gone); not sent again at all, EIO.
-TEST_F(ClientReadTest, AChangeWhoseReplyARestartLostIsAnsweredOnce) {
+class ClientReplayTest : public ClientReadTest {
+ protected:
+  void adjust(testing::InProcessClusterOptions& o) override {
+    // The server's lease waits say when they start (then sleep as usual).
+    o.adjust_meta = [this](meta::MetaOptions& mo) {
+      mo.entry_leases.sleep_until = [this](int64_t until_ns) {
+        lease_waits_.fetch_add(1);
+        const int64_t left = until_ns - meta::steady_now_ns();
+        if (left > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(left));
+      };
+    };
+  }
+  std::atomic<int> lease_waits_{0};
+};
+
+TEST_F(ClientReplayTest, AChangeWhoseReplyARestartLostIsAnsweredOnce) {
   const proto::Caller root{0, 0};
   auto c2 = second_client();
   ASSERT_NE(c2, nullptr);
@@ -781,10 +796,13 @@ TEST_F(ClientReadTest, AChangeWhoseReplyARestartLostIsAnsweredOnce) {
   ASSERT_GT(e->trust_s, 0.0) << "no lease granted: the rmdir below would not wait";
   Status removed(Code::kInternal, "the rmdir did not return");
   std::thread rmdir([&] { removed = client_->rmdir(InodeId{1}, "victim"); });
-  std::this_thread::sleep_for(200ms);  // the rmdir has reached the server and waits
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (lease_waits_.load() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  ASSERT_GT(lease_waits_.load(), 0) << "the rmdir never waited at the server";
   ASSERT_TRUE(cluster_.restart_meta());
   rmdir.join();
   EXPECT_TRUE(removed.is_ok()) << removed.to_string();
+  EXPECT_EQ(cluster_.meta_service().replies_repeated(), 1u) << "the restarted server did not answer from the stored reply";
   auto gone = client_->lookup(InodeId{1}, "victim");
   ASSERT_FALSE(gone.has_value());
   EXPECT_EQ(gone.error().code(), Code::kNotFound) << gone.error().to_string();
@@ -820,18 +838,23 @@ TEST_F(ClientReadTest, PenstockMetaAnswersARepeatedReplayWithTheSameBytes) {
   EXPECT_EQ(found->ino, attr->attr.ino);
 
   auto code_of = [](const auto& r) { return r.has_value() ? Code::kOk : r.error().code(); };
-  // The same slot's next number runs (and fails: the name exists); an older number runs nothing.
+  // The same number with another request runs nothing; the same slot's next number runs (and
+  // fails: the name exists); an older number runs nothing.
+  const std::string other_raw = proto::encode(pm::MkdirReq{InodeId{1}, "other", 0755, proto::Caller{0, 0}, sess});
+  EXPECT_EQ(code_of(meta.call<pm::Replay>(pm::ReplayReq{sess, 5, 1, pm::Mkdir::kId, other_raw})), Code::kInvalid);
   EXPECT_EQ(code_of(meta.call<pm::Replay>(pm::ReplayReq{sess, 5, 2, pm::Mkdir::kId, mkdir_raw})), Code::kExists);
   EXPECT_EQ(code_of(meta.call<pm::Replay>(pm::ReplayReq{sess, 5, 0, pm::Mkdir::kId, mkdir_raw})), Code::kInvalid);
   // Not a change, a change of the other pool, an undecodable change, an unknown session.
   const std::string lookup_raw = proto::encode(pm::LookupReq{InodeId{1}, "raw", sess});
-  EXPECT_EQ(code_of(meta.call<pm::Replay>(pm::ReplayReq{sess, 6, 1, pm::Lookup::kId, lookup_raw})), Code::kNotSupported);
+  EXPECT_EQ(code_of(meta.call<pm::Replay>(pm::ReplayReq{sess, 6, 1, pm::Lookup::kId, lookup_raw})), Code::kInvalid);
   EXPECT_EQ(code_of(meta.call<pm::ReplayWaiting>(pm::ReplayReq{sess, 6, 1, pm::Mkdir::kId, mkdir_raw})), Code::kInvalid);
   const std::string rmdir_raw = proto::encode(pm::NameReq{InodeId{1}, "raw", sess});
   EXPECT_EQ(code_of(meta.call<pm::Replay>(pm::ReplayReq{sess, 6, 1, pm::Rmdir::kId, rmdir_raw})), Code::kInvalid);
   EXPECT_EQ(code_of(meta.call<pm::Replay>(pm::ReplayReq{sess, 6, 1, pm::Mkdir::kId, "\x01\x02"})), Code::kProtocol);
-  EXPECT_EQ(code_of(meta.call<pm::Replay>(pm::ReplayReq{SessionId(1u << 30), 0, 1, pm::Mkdir::kId, mkdir_raw})),
+  const std::string never_raw = proto::encode(pm::MkdirReq{InodeId{1}, "never", 0755, proto::Caller{0, 0}, sess});
+  EXPECT_EQ(code_of(meta.call<pm::Replay>(pm::ReplayReq{SessionId(1u << 30), 0, 1, pm::Mkdir::kId, never_raw})),
             Code::kBadHandle);
+  EXPECT_FALSE(client_->lookup(InodeId{1}, "never").has_value());
   // The directory is still there once, and the rmdir of the right pool removes it.
   EXPECT_TRUE(client_->lookup(InodeId{1}, "raw").has_value());
   auto removed = meta.call<pm::ReplayWaiting>(pm::ReplayReq{sess, 6, 2, pm::Rmdir::kId, rmdir_raw});

@@ -394,9 +394,10 @@ TEST(CloseSizeTest, SurvivesAKillOfTheMetaServerRightAfterTheClose) {
   EXPECT_TRUE(cluster.down());
 }
 
-// A change on its way to penstock-meta when it dies is applied once by the restarted server: the
-// mount sends it again (same reply slot, same number) instead of failing it with EIO. Here the
-// server is stopped (SIGSTOP) with an rmdir and a rename in its socket, then killed. Both name
+// A change on its way to penstock-meta when it dies is sent again by the mount (same reply slot,
+// same number) and applied by the restarted server, instead of failing with EIO. Here the server
+// is stopped (SIGSTOP) with an rmdir and a rename in its socket, then killed: it never read them.
+// (A change applied whose reply was lost: ClientReplayTest in client_read_test.cc.) Both name
 // only directories this mount holds entry leases on, so the kernel sends them without a LOOKUP
 // first (a LOOKUP, which changes nothing, was always sent again).
 TEST_F(RestartTest, ChangesInFlightWhenMetaIsKilledAreAppliedAfterItsRestart) {

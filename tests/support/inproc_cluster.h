@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +45,8 @@ struct InProcessClusterOptions {
   std::chrono::milliseconds data_heartbeat{200};
   rpc::RdmaMode rdma = rpc::RdmaMode::kOff;
   client::ClientOptions client;  // meta_address is set by start()
+  // Changes to the meta service's options (at start and at every restart_meta()).
+  std::function<void(meta::MetaOptions&)> adjust_meta;
   std::string temp_prefix = "penstock-inproc";
 };
 
@@ -61,6 +64,7 @@ class InProcessCluster {
     if (mkdtemp(tmpl.data()) == nullptr) return ::testing::AssertionFailure() << "mkdtemp " << tmpl << " failed";
     dir_ = tmpl;
     host_ = o.host;
+    adjust_meta_ = o.adjust_meta;
     if (auto started = start_meta(0); !started) return started;
     for (int i = 0; i < o.data_servers; ++i) {
       data::DataServerOptions d;
@@ -112,6 +116,8 @@ class InProcessCluster {
 
   // REQUIRES: start() succeeded.
   client::Client& client() { return *client_; }
+  // The meta service now running (a new one after restart_meta()).
+  const meta::MetaService& meta_service() const { return *service_; }
   // The meta server's store (counts its syncs).
   const meta::MemoryStore& meta_store() const { return store_; }
   const std::string& dir() const { return dir_; }
@@ -123,6 +129,7 @@ class InProcessCluster {
     meta::MetaOptions mo;
     mo.entry_leases.term_ns = meta::kDefaultEntryLeaseNs;  // as the daemon
     mo.dir_leases.term_ns = meta::kDefaultDirLeaseNs;
+    if (adjust_meta_) adjust_meta_(mo);
     auto svc = meta::MetaService::open(&store_, mo);
     if (!svc.has_value()) return ::testing::AssertionFailure() << "meta service: " << svc.error().to_string();
     service_ = std::move(svc).value();
@@ -135,6 +142,7 @@ class InProcessCluster {
   }
 
   std::string host_;
+  std::function<void(meta::MetaOptions&)> adjust_meta_;
   meta::MemoryStore store_;
   std::unique_ptr<meta::MetaService> service_;
   std::unique_ptr<meta::MetaServer> meta_;

@@ -1135,10 +1135,11 @@ TEST(NamespaceDurability, NameChangesSkipTheSyncOnlyWithANumberFromASyncedBatch)
 
 // Runs `change` (a MetaService call answering Resp) as the change a Replay carries, counting its
 // runs: the encoded reply, or the error.
+// `message`: the encoded request (only compared between repeats, except a Create's).
 template <class Resp, class Fn>
 Result<std::string> replayed(MetaService& svc, SessionId session, uint32_t slot, uint64_t seq, uint16_t method,
-                             Fn change, int* runs) {
-  return svc.replay(pm::ReplayReq{session, slot, seq, method, ""}, [&]() -> Result<std::string> {
+                             Fn change, int* runs, const std::string& message = "") {
+  return svc.replay(pm::ReplayReq{session, slot, seq, method, message}, [&]() -> Result<std::string> {
     ++*runs;
     Result<Resp> r = change();
     if (!r.has_value()) return std::move(r).error();
@@ -1182,12 +1183,19 @@ TYPED_TEST(NamespaceTest, AChangeRunsOnceAndItsRepeatGetsTheSameReply) {
   EXPECT_EQ(runs, 4);
   EXPECT_CODE(replayed<pm::AttrResp>(s, sess, 3, 7, pm::Mkdir::kId, mkdir_d, &runs), Code::kInvalid);
   EXPECT_CODE(replayed<proto::Empty>(s, sess, 3, 9, pm::Rmdir::kId, unlink_d, &runs), Code::kInvalid);
+  EXPECT_CODE(s.replay(pm::ReplayReq{sess, 3, 9, pm::Mkdir::kId, "another request"},
+                       [&]() -> Result<std::string> {
+                         ++runs;
+                         return std::string();
+                       }),
+              Code::kInvalid);
   EXPECT_CODE(replayed<pm::AttrResp>(s, sess, pm::kReplySlots, 1, pm::Mkdir::kId, mkdir_d, &runs), Code::kInvalid);
   EXPECT_CODE(replayed<pm::AttrResp>(s, sess, 5, 0, pm::Mkdir::kId, mkdir_d, &runs), Code::kInvalid);
   EXPECT_EQ(runs, 4);
-  // An unknown session runs nothing either.
-  EXPECT_CODE(replayed<pm::AttrResp>(s, SessionId(999), 0, 1, pm::Mkdir::kId, mkdir_d, &runs), Code::kBadHandle);
-  EXPECT_EQ(runs, 4);
+  // An unknown session applies nothing either.
+  auto mkdir_e = [&] { return this->mkdir(kRootInode, "e"); };
+  EXPECT_CODE(replayed<pm::AttrResp>(s, SessionId(999), 0, 1, pm::Mkdir::kId, mkdir_e, &runs), Code::kBadHandle);
+  EXPECT_CODE(this->lookup(kRootInode, "e"), Code::kNotFound);
 }
 
 TYPED_TEST(NamespaceTest, StoredRepliesSurviveARestartAndGoWithTheirSession) {
@@ -1195,8 +1203,9 @@ TYPED_TEST(NamespaceTest, StoredRepliesSurviveARestartAndGoWithTheirSession) {
   const SessionId other = this->new_session();
   int runs = 0;
   auto create_f = [&] { return this->create(kRootInode, "f", sess); };
+  const std::string create_raw = proto::encode(testing::create_req(kRootInode, "f", sess));
   auto unlink_g = [&] { return empty_or(this->unlink(kRootInode, "g")); };
-  auto made = replayed<pm::AttrResp>(*this->svc_, sess, 0, 1, pm::Create::kId, create_f, &runs);
+  auto made = replayed<pm::AttrResp>(*this->svc_, sess, 0, 1, pm::Create::kId, create_f, &runs, create_raw);
   ASSERT_TRUE(made.has_value()) << made.error().to_string();
   this->must_create(kRootInode, "g");
   ASSERT_TRUE(replayed<proto::Empty>(*this->svc_, sess, 1, 1, pm::Unlink::kId, unlink_g, &runs).has_value());
@@ -1211,7 +1220,7 @@ TYPED_TEST(NamespaceTest, StoredRepliesSurviveARestartAndGoWithTheirSession) {
   this->store_ = this->backend_.open();
   ASSERT_NE(this->store_, nullptr);
   this->reopen();
-  auto again = replayed<pm::AttrResp>(*this->svc_, sess, 0, 1, pm::Create::kId, create_f, &runs);
+  auto again = replayed<pm::AttrResp>(*this->svc_, sess, 0, 1, pm::Create::kId, create_f, &runs, create_raw);
   ASSERT_TRUE(again.has_value()) << again.error().to_string();
   EXPECT_EQ(*again, *made);
   ASSERT_TRUE(replayed<proto::Empty>(*this->svc_, sess, 1, 1, pm::Unlink::kId, unlink_g, &runs).has_value());
@@ -1232,10 +1241,64 @@ TYPED_TEST(NamespaceTest, StoredRepliesSurviveARestartAndGoWithTheirSession) {
   ASSERT_OK(this->svc_->close_session(pm::SessionReq{sess}));
   EXPECT_EQ(stored(sess), 0u);
   EXPECT_EQ(stored(other), 1u);
-  EXPECT_CODE(replayed<pm::AttrResp>(*this->svc_, sess, 0, 1, pm::Create::kId, create_f, &runs), Code::kBadHandle);
+  EXPECT_CODE(replayed<pm::AttrResp>(*this->svc_, sess, 0, 1, pm::Create::kId, create_f, &runs, create_raw),
+              Code::kBadHandle);
   this->now_ += 31'000'000'000;  // `other` stops heartbeating and expires
   ASSERT_OK(this->svc_->expire());
   EXPECT_EQ(stored(other), 0u);
+}
+
+// A change whose session expires while it runs applies nothing: stored without its reply, its
+// repeat could run it a second time.
+TYPED_TEST(NamespaceTest, AChangeWhoseSessionExpiresWhileItRunsAppliesNothing) {
+  const SessionId sess = this->new_session();
+  int runs = 0;
+  auto late_mkdir = [&] {
+    this->now_ += 31'000'000'000;  // the lease passes while the change waits (another mount's lease)
+    return this->mkdir(kRootInode, "late");
+  };
+  EXPECT_CODE(replayed<pm::AttrResp>(*this->svc_, sess, 0, 1, pm::Mkdir::kId, late_mkdir, &runs), Code::kBadHandle);
+  EXPECT_EQ(runs, 1);
+  EXPECT_CODE(this->lookup(kRootInode, "late"), Code::kNotFound);
+  EXPECT_EQ(this->attr(kRootInode).nlink, 2u);
+}
+
+// A Create answered from its stored reply after a restart gives its session the open it promised:
+// here the mount had already sent its (empty) list of opens, so without it the file would be
+// removed at the unlink below while the mount still had it open.
+TYPED_TEST(NamespaceTest, ARepeatedCreateAfterARestartHoldsItsOpenAgain) {
+  const SessionId sess = this->new_session();
+  int runs = 0;
+  pm::CreateReq req = testing::create_req(kRootInode, "f", sess);
+  const std::string raw = proto::encode(req);
+  auto run_create = [&]() -> Result<std::string> {
+    ++runs;
+    auto r = this->svc_->create(req);
+    if (!r.has_value()) return std::move(r).error();
+    return proto::encode(*r);
+  };
+  auto made = this->svc_->replay(pm::ReplayReq{sess, 2, 1, pm::Create::kId, raw}, run_create);
+  ASSERT_TRUE(made.has_value()) << made.error().to_string();
+  const InodeId f = proto::decode<pm::AttrResp>(std::span<const uint8_t>(
+                                                    reinterpret_cast<const uint8_t*>(made->data()), made->size()))
+                        ->attr.ino;
+  // Restart before the open was written (it is kept in memory for open_store_delay first).
+  this->svc_.reset();
+  this->store_.reset();
+  this->store_ = this->backend_.open();
+  ASSERT_NE(this->store_, nullptr);
+  this->reopen();
+  ASSERT_OK(this->svc_->reclaim_opens(pm::ReclaimOpensReq{sess, {}, true}));  // the mount knew of no open yet
+  auto again = this->svc_->replay(pm::ReplayReq{sess, 2, 1, pm::Create::kId, raw}, run_create);
+  ASSERT_TRUE(again.has_value()) << again.error().to_string();
+  EXPECT_EQ(*again, *made);
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(this->svc_->replies_repeated(), 1u);
+  ASSERT_OK(this->unlink(kRootInode, "f"));
+  EXPECT_TRUE(this->svc_->get_attr(pm::InodeReq{f}).has_value()) << "the open the create promised was lost";
+  // The mount's release of it finalizes the file as usual.
+  ASSERT_OK(this->svc_->release(pm::ReleaseReq{f, sess}));
+  EXPECT_CODE(this->svc_->get_attr(pm::InodeReq{f}), Code::kNotFound);
 }
 
 }  // namespace
