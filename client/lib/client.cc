@@ -238,7 +238,7 @@ void Client::heartbeat_loop() {
         }
       }
       // A new map version may be a new penstock-meta (an upgrade): ask it for Replay again.
-      if (current == nullptr || current->version() != r->map_version) {
+      if (replay_checked_version_.exchange(r->map_version, std::memory_order_relaxed) != r->map_version) {
         replay_unsupported_.store(false, std::memory_order_relaxed);
       }
       continue;

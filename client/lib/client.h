@@ -415,6 +415,7 @@ class Client {
   std::atomic<uint64_t> session_{0};
   ReplySlots reply_slots_;
   std::atomic<bool> replay_unsupported_{false};  // the meta server answered Replay kNotSupported
+  std::atomic<uint64_t> replay_checked_version_{0};  // the map version the heartbeat last saw
   std::atomic<int64_t> lease_ns_{0};
 
   std::mutex hb_mu_;  // guards stop_ (leaf lock)

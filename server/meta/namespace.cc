@@ -278,8 +278,8 @@ Status MetaService::commit_change(Txn& txn, const Resp& response) {
                                           " expired while its change ran; nothing was changed; register a new session");
     }
     txn.batch().put(schema::reply_key(scope->session, scope->slot),
-                    schema::encode_record(schema::ReplyRecord{scope->seq, scope->method, scope->request_hash,
-                                                              proto::encode(response)}));
+                    schema::encode_record(schema::ReplyRecord{scope->seq, scope->method, proto::encode(response),
+                                                              scope->request_hash}));
   }
   return txn.commit();
 }
@@ -2093,11 +2093,25 @@ Result<std::string> MetaService::replay(const pm::ReplayReq& req, const std::fun
     }
   }
   const ReplyScope scope{req.session, req.slot, req.seq, req.method, request_hash};
-  t_reply_scope = &scope;
-  struct Clear {
-    ~Clear() { t_reply_scope = nullptr; }
-  } clear;
-  return change();
+  Result<std::string> r = [&] {
+    t_reply_scope = &scope;
+    struct Clear {
+      ~Clear() { t_reply_scope = nullptr; }
+    } clear;
+    return change();
+  }();
+  if (!r.has_value() && r.error().code() != Code::kBadHandle) {
+    // A session that ended took its stored replies along: this may be the repeat of a change that
+    // was applied, which ran again and failed (kNotFound, kExists, kBusy, ...). Its sender must not
+    // take that as the change's answer.
+    std::lock_guard lock(mu_);
+    if (!session_alive(req.session)) {
+      return Status(Code::kBadHandle, "session " + req.session.to_string() +
+                                          " is unknown or expired; whether an earlier send of " + where +
+                                          " was applied is not known; register a new session");
+    }
+  }
+  return r;
 }
 
 // A Create opens its file for its session, in memory until the open is old enough to be written
@@ -2118,7 +2132,12 @@ Status MetaService::reopen_created(const pm::ReplayReq& req, const std::string& 
   if (!rec.has_value()) return Status::ok();  // gone since: the mount's I/O on it fails as on any removed file
   PENSTOCK_LOG(Info) << "the repeated create of inode " << ino.to_string() << " found its open gone (a restart): "
                      << "session " << create.session.to_string() << " has it open again";
-  return add_open_locked(create.session, ino, rec->attr.nlink == 0);
+  if (Status st = add_open_locked(create.session, ino, rec->attr.nlink == 0); !st.is_ok()) {
+    // Not the change's error (it was applied): its sender tries again.
+    return Status(Code::kUnavailable, "the repeated create of inode " + ino.to_string() +
+                                          " could not open it again (" + st.to_string() + "); send it again");
+  }
+  return Status::ok();
 }
 
 Status MetaService::set_xattr(const pm::SetXattrReq& req) { return durable(set_xattr_applied(req)); }

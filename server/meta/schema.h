@@ -148,9 +148,9 @@ struct OpenRecord {
 struct ReplyRecord {
   uint64_t seq = 0;
   uint16_t method = 0;
-  uint64_t request_hash = 0;
   std::string message;
-  PENSTOCK_FIELDS(seq, method, request_hash, message);
+  uint64_t request_hash = 0;
+  PENSTOCK_FIELDS(seq, method, message, request_hash);
 };
 
 // An inode whose last link and last open are gone: its chunks must be removed from every target

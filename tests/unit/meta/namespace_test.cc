@@ -1301,5 +1301,18 @@ TYPED_TEST(NamespaceTest, ARepeatedCreateAfterARestartHoldsItsOpenAgain) {
   EXPECT_CODE(this->svc_->get_attr(pm::InodeReq{f}), Code::kNotFound);
 }
 
+// A session that ended took its stored replies along: the repeat of a change it applied would run
+// again and fail (the directory is gone); its sender gets kBadHandle, not that failure.
+TYPED_TEST(NamespaceTest, ARepeatAfterItsSessionEndedIsBadHandleNotTheRerunsError) {
+  const SessionId sess = this->new_session();
+  this->must_mkdir(kRootInode, "x");
+  int runs = 0;
+  auto rmdir_x = [&] { return empty_or(this->rmdir(kRootInode, "x")); };
+  ASSERT_TRUE(replayed<proto::Empty>(*this->svc_, sess, 0, 1, pm::Rmdir::kId, rmdir_x, &runs).has_value());
+  this->now_ += 31'000'000'000;
+  ASSERT_OK(this->svc_->expire());
+  EXPECT_CODE(replayed<proto::Empty>(*this->svc_, sess, 0, 1, pm::Rmdir::kId, rmdir_x, &runs), Code::kBadHandle);
+}
+
 }  // namespace
 }  // namespace penstock::meta
