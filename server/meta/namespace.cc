@@ -2076,8 +2076,20 @@ Result<std::string> MetaService::replay(const pm::ReplayReq& req, const std::fun
   } leave{this, slot};
 
   PENSTOCK_ASSIGN_OR_RETURN(auto stored, store_->get(schema::reply_key(req.session, req.slot)));
+  std::optional<schema::ReplyRecord> last;
   if (stored.has_value()) {
-    PENSTOCK_ASSIGN_OR_RETURN(auto rec, schema::decode_record<schema::ReplyRecord>(*stored, "reply record of " + where));
+    auto rec = schema::decode_record<schema::ReplyRecord>(*stored, "reply record of " + where);
+    if (rec.has_value()) {
+      last = std::move(*rec);
+    } else {
+      // A record this server cannot read (damaged, or of another format) must not stop the slot
+      // for good: the change runs and its reply replaces it. Only a repeat of the change that
+      // wrote it could run twice.
+      PENSTOCK_LOG(Warn) << rec.error().to_string() << "; the slot's next change replaces it";
+    }
+  }
+  if (last.has_value()) {
+    schema::ReplyRecord& rec = *last;
     if (rec.seq == req.seq) {
       if (rec.method != req.method || rec.request_hash != request_hash) {
         return Status(Code::kInvalid, where + " carries another request than the change that ran under its number");

@@ -1314,5 +1314,22 @@ TYPED_TEST(NamespaceTest, ARepeatAfterItsSessionEndedIsBadHandleNotTheRerunsErro
   EXPECT_CODE(replayed<proto::Empty>(*this->svc_, sess, 0, 1, pm::Rmdir::kId, rmdir_x, &runs), Code::kBadHandle);
 }
 
+// A reply record this server cannot read (damaged, or written in another format) does not stop
+// its slot: the next change runs and replaces it.
+TYPED_TEST(NamespaceTest, AnUnreadableReplyRecordDoesNotStopItsSlot) {
+  const SessionId sess = this->new_session();
+  WriteBatch batch;
+  batch.put(schema::reply_key(sess, 0), std::string("\x01\x02\x03", 3));
+  ASSERT_OK(this->store_->apply(batch));
+  int runs = 0;
+  auto mkdir_d = [&] { return this->mkdir(kRootInode, "d"); };
+  auto made = replayed<pm::AttrResp>(*this->svc_, sess, 0, 5, pm::Mkdir::kId, mkdir_d, &runs);
+  ASSERT_TRUE(made.has_value()) << made.error().to_string();
+  auto again = replayed<pm::AttrResp>(*this->svc_, sess, 0, 5, pm::Mkdir::kId, mkdir_d, &runs);
+  ASSERT_TRUE(again.has_value()) << again.error().to_string();
+  EXPECT_EQ(*again, *made);
+  EXPECT_EQ(runs, 1);
+}
+
 }  // namespace
 }  // namespace penstock::meta
