@@ -392,7 +392,14 @@ std::optional<Result<typename M::Response>> Client::send_change(SessionId sessio
                                             "and can no longer tell whether it applied the change (" +
                                             r.error().to_string() + ")");
     }
-    if (!failed_in_transit(code)) return named_as_change(r.error(), Envelope::kName, M::kName);
+    if (!failed_in_transit(code)) {
+      if (again) {
+        // Not applied before (a stored reply would have come back): e.g. kBusy while a restarted
+        // server waits out the leases of its earlier run, which the caller retries as a new change.
+        PENSTOCK_LOG(Info) << M::kName << " reached penstock-meta again, which answered " << r.error().to_string();
+      }
+      return named_as_change(r.error(), Envelope::kName, M::kName);
+    }
     // Lost on the way (penstock-meta restarting, a broken connection): the same slot and number
     // again, which the server answers from its reply cache when the change was applied.
     if (!again) {
