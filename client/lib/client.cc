@@ -372,8 +372,7 @@ std::optional<Result<typename M::Response>> Client::send_change(SessionId sessio
       if (again) {
         PENSTOCK_LOG(Info) << M::kName << " reached penstock-meta again and was answered once";
       }
-      const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(r->message.data()), r->message.size());
-      auto resp = proto::decode<typename M::Response>(bytes);
+      auto resp = proto::decode<typename M::Response>(proto::bytes_of(r->message));
       if (!resp.has_value()) return std::move(resp).error().with_context(std::string(M::kName) + " reply in a Replay");
       return std::move(*resp);
     }

@@ -21,6 +21,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -183,6 +184,12 @@ std::string encode(const T& msg) {
   std::string out;
   Encoder(&out).put(msg);
   return out;
+}
+
+// The bytes of an encoded message held in a string (proto::encode's result, a string field that
+// carries another message).
+inline std::span<const uint8_t> bytes_of(std::string_view s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
 }
 
 // Decodes a whole message; bytes left over after the last field are an error.

@@ -52,8 +52,7 @@ rpc::RpcServer::TypedHandler<pm::Replay> replay_handler(MetaService& svc, std::s
                                         (waits ? "ReplayWaiting" : "Replay"));
     }
     const rpc::RpcServer::RawHandler& handler = it->second.handler;
-    const std::span<const uint8_t> message(reinterpret_cast<const uint8_t*>(r.message.data()), r.message.size());
-    PENSTOCK_ASSIGN_OR_RETURN(std::string out, svc.replay(r, [&] { return handler(message, ctx); }));
+    PENSTOCK_ASSIGN_OR_RETURN(std::string out, svc.replay(r, [&] { return handler(proto::bytes_of(r.message), ctx); }));
     return pm::ReplayResp{std::move(out)};
   };
 }

@@ -2051,7 +2051,7 @@ Result<std::string> MetaService::replay(const pm::ReplayReq& req, const std::fun
   // The session is checked where the change commits (commit_change, under mu_): taking mu_ here
   // too would make every change wait for the mutation running beside it twice.
   const uint64_t request_hash =
-      checksum::xxh3(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(req.message.data()), req.message.size()));
+      checksum::xxh3(proto::bytes_of(req.message));
   // One change per slot at a time: a repeat that comes while the first runs (its connection broke,
   // this server lives) waits for the first's reply instead of running beside it; for a while only,
   // then it is told to come again (which its sender does, same slot and number).
@@ -2131,12 +2131,9 @@ Result<std::string> MetaService::replay(const pm::ReplayReq& req, const std::fun
 // again, unless it holds the file open already (then the open survived, or the session's mount has
 // reclaimed it).
 Status MetaService::reopen_created(const pm::ReplayReq& req, const std::string& reply) {
-  auto span_of = [](const std::string& s) {
-    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size());
-  };
-  PENSTOCK_ASSIGN_OR_RETURN(auto create, proto::decode<pm::CreateReq>(span_of(req.message)));
+  PENSTOCK_ASSIGN_OR_RETURN(auto create, proto::decode<pm::CreateReq>(proto::bytes_of(req.message)));
   if (!create.session.valid()) return Status::ok();
-  PENSTOCK_ASSIGN_OR_RETURN(auto made, proto::decode<pm::AttrResp>(span_of(reply)));
+  PENSTOCK_ASSIGN_OR_RETURN(auto made, proto::decode<pm::AttrResp>(proto::bytes_of(reply)));
   const InodeId ino = made.attr.ino;
   std::lock_guard lock(mu_);
   if (!session_alive(create.session) || opens_.count(create.session, ino) > 0) return Status::ok();

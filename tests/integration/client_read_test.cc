@@ -830,8 +830,7 @@ TEST_F(ClientReadTest, PenstockMetaAnswersARepeatedReplayWithTheSameBytes) {
   auto again = meta.call<pm::Replay>(first);
   ASSERT_TRUE(again.has_value()) << again.error().to_string();
   EXPECT_EQ(again->message, made->message);
-  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(made->message.data()), made->message.size());
-  auto attr = proto::decode<pm::AttrResp>(bytes);
+  auto attr = proto::decode<pm::AttrResp>(proto::bytes_of(made->message));
   ASSERT_TRUE(attr.has_value()) << attr.error().to_string();
   auto found = client_->lookup(InodeId{1}, "raw");
   ASSERT_TRUE(found.has_value()) << found.error().to_string();

@@ -1279,9 +1279,7 @@ TYPED_TEST(NamespaceTest, ARepeatedCreateAfterARestartHoldsItsOpenAgain) {
   };
   auto made = this->svc_->replay(pm::ReplayReq{sess, 2, 1, pm::Create::kId, raw}, run_create);
   ASSERT_TRUE(made.has_value()) << made.error().to_string();
-  const InodeId f = proto::decode<pm::AttrResp>(std::span<const uint8_t>(
-                                                    reinterpret_cast<const uint8_t*>(made->data()), made->size()))
-                        ->attr.ino;
+  const InodeId f = proto::decode<pm::AttrResp>(proto::bytes_of(*made))->attr.ino;
   // Restart before the open was written (it is kept in memory for open_store_delay first).
   this->svc_.reset();
   this->store_.reset();
