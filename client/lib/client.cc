@@ -288,17 +288,6 @@ constexpr bool kSafeToRepeat =
     std::is_same_v<M, meta::ListXattr> || std::is_same_v<M, meta::GetLayout> ||
     std::is_same_v<M, meta::GetClusterMap> || std::is_same_v<M, meta::SyncLog>;
 
-// The changes penstock-meta answers exactly once (sent as Replay, see send_change); the ones that
-// may wait out other mounts' leases go as ReplayWaiting. Opens, releases and a close's size report
-// are not among them: they answer on penstock-meta's I/O thread, which a Replay does not.
-template <class M>
-constexpr bool kWaitingChange = std::is_same_v<M, meta::Rmdir> || std::is_same_v<M, meta::Rename>;
-template <class M>
-constexpr bool kExactlyOnce =
-    kWaitingChange<M> || std::is_same_v<M, meta::SetAttr> || std::is_same_v<M, meta::Create> ||
-    std::is_same_v<M, meta::Mknod> || std::is_same_v<M, meta::Mkdir> || std::is_same_v<M, meta::Unlink> ||
-    std::is_same_v<M, meta::Link> || std::is_same_v<M, meta::Symlink> || std::is_same_v<M, meta::SetXattr> ||
-    std::is_same_v<M, meta::RemoveXattr> || std::is_same_v<M, meta::ReportSize> || std::is_same_v<M, meta::SetLayout>;
 
 // An error of a Replay named as the change it carried ("Rmdir: ..." for "ReplayWaiting: ...").
 Status named_as_change(const Status& st, std::string_view envelope, std::string_view change) {
@@ -350,7 +339,7 @@ Result<typename M::Response> Client::meta_call(const typename M::Request& req) {
 
 template <class M>
 Result<typename M::Response> Client::send_meta(const typename M::Request& req) {
-  if constexpr (kExactlyOnce<M>) {
+  if constexpr (meta::kReplayed<M>) {
     const SessionId sid = session();
     if (sid.valid() && !replay_unsupported_.load(std::memory_order_relaxed)) {
       if (auto r = send_change<M>(sid, req); r.has_value()) return std::move(*r);
@@ -361,7 +350,7 @@ Result<typename M::Response> Client::send_meta(const typename M::Request& req) {
 
 template <class M>
 std::optional<Result<typename M::Response>> Client::send_change(SessionId session, const typename M::Request& req) {
-  using Envelope = std::conditional_t<kWaitingChange<M>, meta::ReplayWaiting, meta::Replay>;
+  using Envelope = std::conditional_t<meta::kReplayWaits<M>, meta::ReplayWaiting, meta::Replay>;
   ReplySlots::Held held(reply_slots_);
   const meta::ReplayReq envelope{session, held.slot(), held.seq(), M::kId, proto::encode(req)};
   const auto give_up = Backoff::Clock::now() + options_.call_timeout;

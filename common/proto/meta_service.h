@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/proto/method.h"
@@ -310,5 +311,18 @@ PENSTOCK_METHOD(CreateBatch, ServiceId::kMeta, 71, CreateBatchReq, CreateBatchRe
 // out other mounts' leases (rmdir, rename), on the waiting pool.
 PENSTOCK_METHOD(Replay, ServiceId::kMeta, 80, ReplayReq, ReplayResp);
 PENSTOCK_METHOD(ReplayWaiting, ServiceId::kMeta, 81, ReplayReq, ReplayResp);
+
+// The changes a Replay carries, for both sides: the mount sends them so, penstock-meta accepts
+// them so (server/meta/meta_server.cc). Those that may wait out other mounts' leases go as
+// ReplayWaiting. Opens, releases and a close's size report are not among them: they answer on
+// penstock-meta's I/O thread, which a Replay does not.
+template <class M>
+inline constexpr bool kReplayWaits = std::is_same_v<M, Rmdir> || std::is_same_v<M, Rename>;
+template <class M>
+inline constexpr bool kReplayed =
+    kReplayWaits<M> || std::is_same_v<M, SetAttr> || std::is_same_v<M, Create> || std::is_same_v<M, Mknod> ||
+    std::is_same_v<M, Mkdir> || std::is_same_v<M, Unlink> || std::is_same_v<M, Link> || std::is_same_v<M, Symlink> ||
+    std::is_same_v<M, SetXattr> || std::is_same_v<M, RemoveXattr> || std::is_same_v<M, ReportSize> ||
+    std::is_same_v<M, SetLayout>;
 
 }  // namespace penstock::proto::meta

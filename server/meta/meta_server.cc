@@ -26,10 +26,12 @@ struct Change {
 };
 using Changes = std::unordered_map<uint16_t, Change>;
 
-// Registers `fn` for M, and as a change a Replay may carry.
+// Registers `fn` for M, and as a change a Replay may carry (pm::kReplayed), on the pool
+// pm::kReplayWaits names.
 template <proto::RpcMethod M>
-void handle_change(rpc::RpcServer& server, Changes& changes, rpc::RpcServer::TypedHandler<M> fn,
-                   rpc::Dispatch dispatch = rpc::Dispatch::kWorker) {
+void handle_change(rpc::RpcServer& server, Changes& changes, rpc::RpcServer::TypedHandler<M> fn) {
+  static_assert(pm::kReplayed<M>, "not a change a Replay carries (common/proto/meta_service.h)");
+  const rpc::Dispatch dispatch = pm::kReplayWaits<M> ? rpc::Dispatch::kWaiting : rpc::Dispatch::kWorker;
   changes[M::kId] = Change{rpc::RpcServer::raw<M>(fn), dispatch};
   server.handle<M>(std::move(fn), dispatch);
 }
@@ -88,11 +90,9 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
   handle_change<pm::Mkdir>(server, *changes, [&svc](const pm::MkdirReq& r, RequestContext&) { return svc.mkdir(r); });
   handle_change<pm::Unlink>(server, *changes, [&svc](const pm::NameReq& r, RequestContext&) { return empty_or(svc.unlink(r)); });
   // rmdir and rename may sleep until other mounts' entry leases on their names ended (up to the
-  // lease term plus grace): they run on the waiting pool, so that they never hold the workers.
-  handle_change<pm::Rmdir>(server, *changes, [&svc](const pm::NameReq& r, RequestContext&) { return empty_or(svc.rmdir(r)); },
-                           rpc::Dispatch::kWaiting);
-  handle_change<pm::Rename>(server, *changes, [&svc](const pm::RenameReq& r, RequestContext&) { return empty_or(svc.rename(r)); },
-                            rpc::Dispatch::kWaiting);
+  // lease term plus grace): pm::kReplayWaits puts them on the waiting pool, so that they never hold the workers.
+  handle_change<pm::Rmdir>(server, *changes, [&svc](const pm::NameReq& r, RequestContext&) { return empty_or(svc.rmdir(r)); });
+  handle_change<pm::Rename>(server, *changes, [&svc](const pm::RenameReq& r, RequestContext&) { return empty_or(svc.rename(r)); });
   handle_change<pm::Link>(server, *changes, [&svc](const pm::LinkReq& r, RequestContext&) { return svc.link(r); });
   handle_change<pm::Symlink>(server, *changes, [&svc](const pm::SymlinkReq& r, RequestContext&) { return svc.symlink(r); });
   server.handle<pm::Readlink>([&svc](const pm::InodeReq& r, RequestContext&) { return svc.readlink(r); },
