@@ -240,6 +240,7 @@ void Client::heartbeat_loop() {
       // A new map version may be a new penstock-meta (an upgrade): ask it for Replay again.
       if (replay_checked_version_.exchange(r->map_version, std::memory_order_relaxed) != r->map_version) {
         replay_unsupported_.store(false, std::memory_order_relaxed);
+        replay_inline_unsupported_.store(false, std::memory_order_relaxed);
       }
       continue;
     }
@@ -341,7 +342,8 @@ template <class M>
 Result<typename M::Response> Client::send_meta(const typename M::Request& req) {
   if constexpr (meta::kReplayed<M>) {
     const SessionId sid = session();
-    if (sid.valid() && !replay_unsupported_.load(std::memory_order_relaxed)) {
+    const std::atomic<bool>& unsupported = meta::kReplayInline<M> ? replay_inline_unsupported_ : replay_unsupported_;
+    if (sid.valid() && !unsupported.load(std::memory_order_relaxed)) {
       if (auto r = send_change<M>(sid, req); r.has_value()) return std::move(*r);
     }
   }
@@ -350,7 +352,9 @@ Result<typename M::Response> Client::send_meta(const typename M::Request& req) {
 
 template <class M>
 std::optional<Result<typename M::Response>> Client::send_change(SessionId session, const typename M::Request& req) {
-  using Envelope = std::conditional_t<meta::kReplayWaits<M>, meta::ReplayWaiting, meta::Replay>;
+  using Envelope = std::conditional_t<meta::kReplayWaits<M>, meta::ReplayWaiting,
+                                      std::conditional_t<meta::kReplayInline<M>, meta::ReplayInline, meta::Replay>>;
+  std::atomic<bool>& unsupported = meta::kReplayInline<M> ? replay_inline_unsupported_ : replay_unsupported_;
   ReplySlots::Held held(reply_slots_);
   const meta::ReplayReq envelope{session, held.slot(), held.seq(), M::kId, proto::encode(req)};
   const auto give_up = Backoff::Clock::now() + options_.call_timeout;
@@ -371,9 +375,11 @@ std::optional<Result<typename M::Response>> Client::send_change(SessionId sessio
     // lost: the change may have been applied then (its reply went with a session that ended, or
     // with a server that was replaced by an older one), and must not run a second time.
     if (code == Code::kNotSupported || code == Code::kBadHandle) {
-      if (code == Code::kNotSupported && !replay_unsupported_.exchange(true, std::memory_order_relaxed)) {
-        PENSTOCK_LOG(Warn) << "penstock-meta does not answer changes exactly once (" << r.error().to_string()
-                           << "); a change whose connection is lost on the way fails with EIO";
+      if (code == Code::kNotSupported && !unsupported.exchange(true, std::memory_order_relaxed)) {
+        PENSTOCK_LOG(Warn) << "penstock-meta does not answer " << (meta::kReplayInline<M> ? "a close's size report"
+                                                                                           : "changes")
+                           << " exactly once (" << r.error().to_string()
+                           << "); one whose connection is lost on the way fails with EIO";
       }
       if (!again) return std::nullopt;
       return Status(Code::kUnavailable, std::string(M::kName) + ": penstock-meta lost the connection before it answered, "

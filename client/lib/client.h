@@ -414,7 +414,10 @@ class Client {
 
   std::atomic<uint64_t> session_{0};
   ReplySlots reply_slots_;
-  std::atomic<bool> replay_unsupported_{false};  // the meta server answered Replay kNotSupported
+  // The meta server answered kNotSupported to Replay/ReplayWaiting, or to ReplayInline (one that
+  // predates ReplayInline has the others): those changes go as themselves.
+  std::atomic<bool> replay_unsupported_{false};
+  std::atomic<bool> replay_inline_unsupported_{false};
   std::atomic<uint64_t> replay_checked_version_{0};  // the map version the heartbeat last saw
   std::atomic<int64_t> lease_ns_{0};
 

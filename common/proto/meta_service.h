@@ -308,19 +308,25 @@ PENSTOCK_METHOD(NodeHeartbeat, ServiceId::kMeta, 62, NodeHeartbeatReq, Heartbeat
 PENSTOCK_METHOD(DirLease, ServiceId::kMeta, 70, DirLeaseReq, DirLeaseResp);
 PENSTOCK_METHOD(CreateBatch, ServiceId::kMeta, 71, CreateBatchReq, CreateBatchResp);
 // Replay carries the changes that may run on the worker pool; ReplayWaiting those that may wait
-// out other mounts' leases (rmdir, rename), on the waiting pool.
+// out other mounts' leases (rmdir, rename), on the waiting pool; ReplayInline those answered on
+// penstock-meta's I/O thread (a close's size report), where a repeat that finds the slot's first
+// send still running is told kUnavailable at once instead of waiting for it (send it again).
 PENSTOCK_METHOD(Replay, ServiceId::kMeta, 80, ReplayReq, ReplayResp);
 PENSTOCK_METHOD(ReplayWaiting, ServiceId::kMeta, 81, ReplayReq, ReplayResp);
+PENSTOCK_METHOD(ReplayInline, ServiceId::kMeta, 82, ReplayReq, ReplayResp);
 
 // The changes a Replay carries, for both sides: the mount sends them so, penstock-meta accepts
 // them so (server/meta/meta_server.cc). Those that may wait out other mounts' leases go as
-// ReplayWaiting. Opens, releases and a close's size report are not among them: they answer on
-// penstock-meta's I/O thread, which a Replay does not.
+// ReplayWaiting, a close's size report (answered on the I/O thread, not synced) as ReplayInline.
+// Opens and releases are not among them: an open changes only memory (OpenTable), which a restart
+// loses with its stored reply, and a release is batched (ReleaseMany).
 template <class M>
 inline constexpr bool kReplayWaits = std::is_same_v<M, Rmdir> || std::is_same_v<M, Rename>;
 template <class M>
+inline constexpr bool kReplayInline = std::is_same_v<M, ReportSizeAtClose>;
+template <class M>
 inline constexpr bool kReplayed =
-    kReplayWaits<M> || std::is_same_v<M, SetAttr> || std::is_same_v<M, Create> || std::is_same_v<M, Mknod> ||
+    kReplayWaits<M> || kReplayInline<M> || std::is_same_v<M, SetAttr> || std::is_same_v<M, Create> || std::is_same_v<M, Mknod> ||
     std::is_same_v<M, Mkdir> || std::is_same_v<M, Unlink> || std::is_same_v<M, Link> || std::is_same_v<M, Symlink> ||
     std::is_same_v<M, SetXattr> || std::is_same_v<M, RemoveXattr> || std::is_same_v<M, ReportSize> ||
     std::is_same_v<M, SetLayout>;

@@ -26,18 +26,29 @@ struct Change {
 };
 using Changes = std::unordered_map<uint16_t, Change>;
 
+// The envelope each pool's changes come in.
+const char* envelope_of(rpc::Dispatch pool) {
+  switch (pool) {
+    case rpc::Dispatch::kWaiting: return "ReplayWaiting";
+    case rpc::Dispatch::kInline: return "ReplayInline";
+    default: return "Replay";
+  }
+}
+
 // Registers `fn` for M, and as a change a Replay may carry (pm::kReplayed), on the pool
-// pm::kReplayWaits names.
+// pm::kReplayWaits / pm::kReplayInline name.
 template <proto::RpcMethod M>
 void handle_change(rpc::RpcServer& server, Changes& changes, rpc::RpcServer::TypedHandler<M> fn) {
   static_assert(pm::kReplayed<M>, "not a change a Replay carries (common/proto/meta_service.h)");
-  const rpc::Dispatch dispatch = pm::kReplayWaits<M> ? rpc::Dispatch::kWaiting : rpc::Dispatch::kWorker;
+  const rpc::Dispatch dispatch = pm::kReplayWaits<M>    ? rpc::Dispatch::kWaiting
+                                 : pm::kReplayInline<M> ? rpc::Dispatch::kInline
+                                                        : rpc::Dispatch::kWorker;
   changes[M::kId] = Change{rpc::RpcServer::raw<M>(fn), dispatch};
   server.handle<M>(std::move(fn), dispatch);
 }
 
-// The handler of Replay (`pool` kWorker) or ReplayWaiting (kWaiting): runs the carried change
-// through MetaService::replay().
+// The handler of Replay (`pool` kWorker), ReplayWaiting (kWaiting) or ReplayInline (kInline): runs
+// the carried change through MetaService::replay(); on an I/O thread without waiting for a repeat.
 rpc::RpcServer::TypedHandler<pm::Replay> replay_handler(MetaService& svc, std::shared_ptr<const Changes> changes,
                                                          rpc::Dispatch pool) {
   return [&svc, changes = std::move(changes), pool](const pm::ReplayReq& r,
@@ -48,13 +59,13 @@ rpc::RpcServer::TypedHandler<pm::Replay> replay_handler(MetaService& svc, std::s
       return Status(Code::kInvalid, "method " + std::to_string(r.method) + " is not a change a Replay may carry");
     }
     if (it->second.dispatch != pool) {
-      const bool waits = it->second.dispatch == rpc::Dispatch::kWaiting;
-      return Status(Code::kInvalid, "method " + std::to_string(r.method) + (waits ? " may" : " does not") +
-                                        " wait out other mounts' leases: send it as " +
-                                        (waits ? "ReplayWaiting" : "Replay"));
+      return Status(Code::kInvalid, "method " + std::to_string(r.method) + " comes in " +
+                                        envelope_of(it->second.dispatch) + ", not " + envelope_of(pool));
     }
     const rpc::RpcServer::RawHandler& handler = it->second.handler;
-    PENSTOCK_ASSIGN_OR_RETURN(std::string out, svc.replay(r, [&] { return handler(proto::bytes_of(r.message), ctx); }));
+    const bool may_wait = pool != rpc::Dispatch::kInline;
+    PENSTOCK_ASSIGN_OR_RETURN(std::string out,
+                              svc.replay(r, [&] { return handler(proto::bytes_of(r.message), ctx); }, may_wait));
     return pm::ReplayResp{std::move(out)};
   };
 }
@@ -120,8 +131,9 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
   server.handle<pm::ReleaseMany>(
       [&svc](const pm::ReleaseManyReq& r, RequestContext&) { return empty_or(svc.release_many(r)); }, kInline);
   handle_change<pm::ReportSize>(server, *changes, [&svc](const pm::ReportSizeReq& r, RequestContext&) { return svc.report_size(r); });
-  server.handle<pm::ReportSizeAtClose>(
-      [&svc](const pm::ReportSizeReq& r, RequestContext&) { return svc.report_size_at_close(r); }, kInline);
+  // A close's report is not synced: on the I/O thread (pm::kReplayInline), also inside a Replay.
+  handle_change<pm::ReportSizeAtClose>(
+      server, *changes, [&svc](const pm::ReportSizeReq& r, RequestContext&) { return svc.report_size_at_close(r); });
   server.handle<pm::SyncLog>([&svc](const proto::Empty&, RequestContext&) { return empty_or(svc.sync_log()); });
   // A scrub pass lists every target's chunks: minutes on a large file system; the waiting pool
   // keeps it off the workers.
@@ -147,6 +159,7 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
       [&svc](const pm::NodeHeartbeatReq& r, RequestContext&) { return svc.node_heartbeat(r); });
   server.handle<pm::Replay>(replay_handler(svc, changes, rpc::Dispatch::kWorker));
   server.handle<pm::ReplayWaiting>(replay_handler(svc, changes, rpc::Dispatch::kWaiting), rpc::Dispatch::kWaiting);
+  server.handle<pm::ReplayInline>(replay_handler(svc, changes, kInline), kInline);
 }
 
 MetaServer::MetaServer(MetaService& service, rpc::ServerOptions options)

@@ -2041,7 +2041,8 @@ Result<pm::AttrResp> MetaService::report_size_at_close(const pm::ReportSizeReq& 
   return handed(std::move(r));
 }
 Status MetaService::sync_log() { return durable(Status::ok()); }
-Result<std::string> MetaService::replay(const pm::ReplayReq& req, const std::function<Result<std::string>()>& change) {
+Result<std::string> MetaService::replay(const pm::ReplayReq& req, const std::function<Result<std::string>()>& change,
+                                        bool may_wait) {
   const std::string where = "change " + std::to_string(req.seq) + " in reply slot " + std::to_string(req.slot) +
                             " of session " + req.session.to_string();
   if (req.slot >= pm::kReplySlots) {
@@ -2058,7 +2059,8 @@ Result<std::string> MetaService::replay(const pm::ReplayReq& req, const std::fun
   const std::pair<uint64_t, uint32_t> slot{req.session.value, req.slot};
   {
     std::unique_lock lock(replay_mu_);
-    if (!replay_cv_.wait_for(lock, kRepeatWait, [&] { return replaying_.count(slot) == 0; })) {
+    if (!replay_cv_.wait_for(lock, may_wait ? kRepeatWait : std::chrono::seconds(0),
+                             [&] { return replaying_.count(slot) == 0; })) {
       return Status(Code::kUnavailable, where + ": the slot's change still runs; send it again");
     }
     replaying_.insert(slot);

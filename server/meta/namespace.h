@@ -244,11 +244,13 @@ class MetaService {
   // seq): the change's mutation writes its reply into its own batch (commit_change), and a repeat
   // of the slot's last seq gets that reply without running anything, also after a restart (a
   // Create's lost open is given back: reopen_created). One change at a time per slot: a repeat that
-  // comes while the first still runs waits for it, up to 5 s (then kUnavailable: send it again).
+  // comes while the first still runs waits for it, up to 5 s (then kUnavailable: send it again);
+  // without `may_wait` (on an I/O thread) it gets kUnavailable at once.
   // kInvalid for a slot out of range, seq 0, a seq below the slot's last or a repeat naming another
   // method or request; kBadHandle (nothing applied) when the session is unknown or expired at the
   // change's commit. Errors of `change` are not stored.
-  Result<std::string> replay(const pm::ReplayReq& req, const std::function<Result<std::string>()>& change);
+  Result<std::string> replay(const pm::ReplayReq& req, const std::function<Result<std::string>()>& change,
+                             bool may_wait = true);
   // How many repeats replay() answered from a stored reply (since this service started).
   uint64_t replies_repeated() const { return replies_repeated_.load(); }
 

@@ -859,6 +859,22 @@ TEST_F(ClientReadTest, PenstockMetaAnswersARepeatedReplayWithTheSameBytes) {
   auto removed = meta.call<pm::ReplayWaiting>(pm::ReplayReq{sess, 6, 2, pm::Rmdir::kId, rmdir_raw});
   EXPECT_TRUE(removed.has_value()) << removed.error().to_string();
   EXPECT_FALSE(client_->lookup(InodeId{1}, "raw").has_value());
+
+  // A close's size report comes in ReplayInline (answered on the I/O thread), not in Replay.
+  auto file = client_->create(InodeId{1}, "reported", 0644, proto::Caller{0, 0});
+  ASSERT_TRUE(file.has_value()) << file.error().to_string();
+  const std::string report_raw = proto::encode(pm::ReportSizeReq{file->ino, 12345, 1});
+  EXPECT_EQ(code_of(meta.call<pm::Replay>(pm::ReplayReq{sess, 7, 1, pm::ReportSizeAtClose::kId, report_raw})),
+            Code::kInvalid);
+  const pm::ReplayReq report{sess, 7, 1, pm::ReportSizeAtClose::kId, report_raw};
+  auto reported = meta.call<pm::ReplayInline>(report);
+  ASSERT_TRUE(reported.has_value()) << reported.error().to_string();
+  auto reported_again = meta.call<pm::ReplayInline>(report);
+  ASSERT_TRUE(reported_again.has_value()) << reported_again.error().to_string();
+  EXPECT_EQ(reported_again->message, reported->message);
+  auto size = client_->getattr(file->ino);
+  ASSERT_TRUE(size.has_value()) << size.error().to_string();
+  EXPECT_EQ(size->size, 12345u);
 }
 
 }  // namespace

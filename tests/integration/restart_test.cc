@@ -437,6 +437,39 @@ TEST_F(RestartTest, ChangesInFlightWhenMetaIsKilledAreAppliedAfterItsRestart) {
   EXPECT_EQ(back, "moved while penstock-meta died");
 }
 
+// A checkpoint shard's close() reports the size it wrote to penstock-meta (ReportSizeAtClose, sent
+// as ReplayInline). When penstock-meta is killed with that report in its socket, the mount sends it
+// again to the restarted server: close() returns 0, and the file has every byte.
+TEST_F(RestartTest, ACloseInFlightWhenMetaIsKilledReportsItsSizeAfterTheRestart) {
+  const std::string file = p("shard-at-close");
+  const int fd = open(file.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0644);
+  ASSERT_GE(fd, 0) << errno_name(errno);
+  const std::string first = pattern(1 << 20, 0, 21), second = pattern(3 << 20, 1 << 20, 22);
+  ASSERT_TRUE(pwrite_all(fd, first, 0));
+  ASSERT_EQ(fsync(fd), 0) << errno_name(errno);  // the create and the first MiB are at penstock-meta
+  ASSERT_TRUE(pwrite_all(fd, second, first.size()));
+  const pid_t meta = cluster_->pid_of("meta");
+  ASSERT_GT(meta, 0) << "no meta pid recorded";
+  ASSERT_EQ(kill(meta, SIGSTOP), 0) << errno_name(errno);
+  int closed = -1, close_errno = 0;
+  std::thread closer([&] {
+    closed = close(fd);
+    close_errno = errno;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the report waits in the stopped server's socket
+  const bool restarted = cluster_->restart_meta(/*crash=*/true);
+  kill(meta, SIGCONT);  // in case the kill did not happen
+  closer.join();
+  ASSERT_TRUE(restarted);
+  EXPECT_EQ(closed, 0) << "close: " << errno_name(close_errno);
+  struct stat st {};
+  ASSERT_EQ(stat(file.c_str(), &st), 0) << errno_name(errno);
+  EXPECT_EQ(static_cast<size_t>(st.st_size), first.size() + second.size());
+  std::string back;
+  ASSERT_TRUE(read_file(file, &back));
+  EXPECT_TRUE(same_bytes(first + second, back));
+}
+
 // Through the mount: when the data servers are gone, a write that was buffered (write-behind)
 // fails at close for every descriptor that was open at the time, also one that wrote nothing,
 // and not for one opened after the failure was reported (Linux's writeback-error semantics).

@@ -2,7 +2,9 @@
 
 #include <sys/stat.h>
 
+#include <future>
 #include <set>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -1196,6 +1198,59 @@ TYPED_TEST(NamespaceTest, AChangeRunsOnceAndItsRepeatGetsTheSameReply) {
   auto mkdir_e = [&] { return this->mkdir(kRootInode, "e"); };
   EXPECT_CODE(replayed<pm::AttrResp>(s, SessionId(999), 0, 1, pm::Mkdir::kId, mkdir_e, &runs), Code::kBadHandle);
   EXPECT_CODE(this->lookup(kRootInode, "e"), Code::kNotFound);
+}
+
+// A close's size report (ReplayInline, on an I/O thread): its repeat gets the stored reply and
+// runs nothing, so a truncate that came after it is not undone (a second "size = max(size, 3 MiB)"
+// would make the truncated file 3 MiB of zeros again). A repeat that comes while the slot's first
+// send still runs is told kUnavailable at once instead of waiting for it (an I/O thread never waits).
+TYPED_TEST(NamespaceTest, ARepeatedCloseReportDoesNotUndoALaterTruncate) {
+  auto& s = *this->svc_;
+  const SessionId sess = this->new_session();
+  const InodeId f = this->must_create(kRootInode, "shard", sess);
+  int runs = 0;
+  auto report = [&] { return s.report_size_at_close(pm::ReportSizeReq{f, 3u << 20, this->now_}); };
+  auto first = replayed<pm::AttrResp>(s, sess, 6, 1, pm::ReportSizeAtClose::kId, report, &runs);
+  ASSERT_TRUE(first.has_value()) << first.error().to_string();
+  EXPECT_EQ(this->attr(f).size, 3u << 20);
+  pm::SetAttrReq truncate;
+  truncate.ino = f;
+  truncate.valid = pm::kSetSize;
+  truncate.size = 0;
+  ASSERT_TRUE(s.set_attr(truncate).has_value());
+  auto again = replayed<pm::AttrResp>(s, sess, 6, 1, pm::ReportSizeAtClose::kId, report, &runs);
+  ASSERT_TRUE(again.has_value()) << again.error().to_string();
+  EXPECT_EQ(*again, *first);
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(this->attr(f).size, 0u) << "the repeat undid the truncate";
+
+  // The slot's next report runs while a repeat of it comes: the repeat does not wait.
+  std::promise<void> running, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::thread first_send([&] {
+    auto r = s.replay(pm::ReplayReq{sess, 6, 2, pm::ReportSizeAtClose::kId, ""}, [&]() -> Result<std::string> {
+      running.set_value();
+      released.wait();
+      auto resp = report();
+      if (!resp.has_value()) return std::move(resp).error();
+      return proto::encode(*resp);
+    }, /*may_wait=*/false);
+    EXPECT_TRUE(r.has_value()) << r.error().to_string();
+  });
+  running.get_future().wait();
+  const auto asked = std::chrono::steady_clock::now();
+  EXPECT_CODE(s.replay(pm::ReplayReq{sess, 6, 2, pm::ReportSizeAtClose::kId, ""},
+                       [&]() -> Result<std::string> {
+                         ++runs;
+                         return std::string();
+                       }, /*may_wait=*/false),
+              Code::kUnavailable);
+  // Far below the 5 s a waiting repeat would have waited (the first send is still held).
+  EXPECT_LT(std::chrono::steady_clock::now() - asked, std::chrono::seconds(4));
+  release.set_value();
+  first_send.join();
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(this->attr(f).size, 3u << 20);
 }
 
 TYPED_TEST(NamespaceTest, StoredRepliesSurviveARestartAndGoWithTheirSession) {
