@@ -394,13 +394,17 @@ std::optional<Result<typename M::Response>> Client::send_change(SessionId sessio
       }
       return named_as_change(r.error(), Envelope::kName, M::kName);
     }
-    // Lost on the way (penstock-meta restarting, a broken connection): the same slot and number
-    // again, which the server answers from its reply cache when the change was applied.
+    // Lost on the way (penstock-meta restarting, a broken connection), or its slot still busy
+    // there: the same slot and number again, which the server answers from its reply cache when
+    // the change was applied.
     if (!again) {
-      PENSTOCK_LOG(Info) << M::kName << " lost its connection to penstock-meta (" << r.error().to_string()
+      PENSTOCK_LOG(Info) << M::kName << " got no answer from penstock-meta (" << r.error().to_string()
                          << "); sending it again in reply slot " << held.slot() << " until it is answered";
     }
-    if (!backoff.sleep_before(give_up)) return named_as_change(r.error(), Envelope::kName, M::kName);
+    if (!backoff.sleep_before(give_up)) {
+      held.unanswered();
+      return named_as_change(r.error(), Envelope::kName, M::kName);
+    }
   }
 }
 

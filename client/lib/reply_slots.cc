@@ -19,7 +19,11 @@ ReplySlots::Held::Held(ReplySlots& slots) : slots_(slots) {
 ReplySlots::Held::~Held() {
   {
     std::lock_guard lock(slots_.mu_);
-    slots_.free_.push_back(slot_);
+    if (unanswered_) {
+      slots_.free_.insert(slots_.free_.begin(), slot_);
+    } else {
+      slots_.free_.push_back(slot_);
+    }
   }
   slots_.freed_.notify_one();
 }

@@ -35,17 +35,21 @@ class ReplySlots {
     Held& operator=(const Held&) = delete;
     uint32_t slot() const { return slot_; }
     uint64_t seq() const { return seq_; }
+    // The change got no answer before its deadline: it may still run at the server, holding the
+    // slot there, so the slot is handed out again only after every other free one.
+    void unanswered() { unanswered_ = true; }
 
    private:
     ReplySlots& slots_;
     uint32_t slot_ = 0;
     uint64_t seq_ = 0;
+    bool unanswered_ = false;
   };
 
  private:
   std::mutex mu_;  // leaf lock
   std::condition_variable freed_;
-  std::vector<uint32_t> free_;                                   // guarded by mu_
+  std::vector<uint32_t> free_;  // handed out from the back; guarded by mu_
   std::array<uint64_t, proto::meta::kReplySlots> last_seq_{};    // guarded by mu_
 };
 

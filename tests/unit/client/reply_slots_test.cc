@@ -30,6 +30,26 @@ TEST(ReplySlotsTest, EachChangeOfASlotTakesTheSlotsNextNumber) {
   EXPECT_EQ(c.seq(), 1u);
 }
 
+// A change that got no answer may still run at penstock-meta, holding its slot there: the next
+// changes take every other free slot before that one.
+TEST(ReplySlotsTest, ASlotWhoseChangeGotNoAnswerIsHandedOutLast) {
+  ReplySlots slots;
+  uint32_t unanswered_slot = 0;
+  {
+    ReplySlots::Held a(slots);
+    unanswered_slot = a.slot();
+    a.unanswered();
+  }
+  std::vector<std::unique_ptr<ReplySlots::Held>> held;
+  for (uint32_t i = 0; i + 1 < proto::meta::kReplySlots; ++i) {
+    held.push_back(std::make_unique<ReplySlots::Held>(slots));
+    EXPECT_NE(held.back()->slot(), unanswered_slot) << "change " << i;
+  }
+  ReplySlots::Held last(slots);
+  EXPECT_EQ(last.slot(), unanswered_slot);
+  EXPECT_EQ(last.seq(), 2u);
+}
+
 TEST(ReplySlotsTest, AllSlotsHeldMakesTheNextChangeWaitForOne) {
   ReplySlots slots;
   std::vector<std::unique_ptr<ReplySlots::Held>> held;
