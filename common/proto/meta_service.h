@@ -309,23 +309,20 @@ PENSTOCK_METHOD(DirLease, ServiceId::kMeta, 70, DirLeaseReq, DirLeaseResp);
 PENSTOCK_METHOD(CreateBatch, ServiceId::kMeta, 71, CreateBatchReq, CreateBatchResp);
 // Replay carries the changes that may run on the worker pool; ReplayWaiting those that may wait
 // out other mounts' leases (rmdir, rename), on the waiting pool; ReplayInline those answered on
-// penstock-meta's I/O thread (an open, a close's size report), where a repeat that finds the slot's
-// first send still running is told kUnavailable at once instead of waiting for it (send it again).
-// The reply of a change that writes nothing durable (an open, held in memory) is kept in memory
-// too: a restart loses it with the open, and the repeat then opens again.
+// penstock-meta's I/O thread (a close's size report), where a repeat that finds the slot's first
+// send still running is told kUnavailable at once instead of waiting for it (send it again).
 PENSTOCK_METHOD(Replay, ServiceId::kMeta, 80, ReplayReq, ReplayResp);
 PENSTOCK_METHOD(ReplayWaiting, ServiceId::kMeta, 81, ReplayReq, ReplayResp);
 PENSTOCK_METHOD(ReplayInline, ServiceId::kMeta, 82, ReplayReq, ReplayResp);
 
 // The changes a Replay carries, for both sides: the mount sends them so, penstock-meta accepts
 // them so (server/meta/meta_server.cc). Those that may wait out other mounts' leases go as
-// ReplayWaiting; an open and a close's size report (answered on the I/O thread, not synced) as
-// ReplayInline. Releases are not among them: they are batched (ReleaseMany), and one lost keeps
-// its open only until the session ends.
+// ReplayWaiting, a close's size report (answered on the I/O thread, not synced) as ReplayInline.
+// Opens and releases are not among them (docs/architecture.md, "Exactly-once changes", says why).
 template <class M>
 inline constexpr bool kReplayWaits = std::is_same_v<M, Rmdir> || std::is_same_v<M, Rename>;
 template <class M>
-inline constexpr bool kReplayInline = std::is_same_v<M, Open> || std::is_same_v<M, ReportSizeAtClose>;
+inline constexpr bool kReplayInline = std::is_same_v<M, ReportSizeAtClose>;
 template <class M>
 inline constexpr bool kReplayed =
     kReplayWaits<M> || kReplayInline<M> || std::is_same_v<M, SetAttr> || std::is_same_v<M, Create> || std::is_same_v<M, Mknod> ||

@@ -122,8 +122,8 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
       [&svc](const pm::GetXattrReq& r, RequestContext&) { return empty_or(svc.remove_xattr(r)); });
   server.handle<pm::LookupOpen>(
       [&svc](const pm::LookupReq& r, RequestContext&) { return svc.lookup_open(r); }, kInline);
-  // Opens stay on the I/O thread (pm::kReplayInline), also inside a Replay.
-  handle_change<pm::Open>(server, *changes, [&svc](const pm::OpenReq& r, RequestContext&) { return svc.open_file(r); });
+  server.handle<pm::Open>([&svc](const pm::OpenReq& r, RequestContext&) { return svc.open_file(r); },
+                 kInline);
   server.handle<pm::Release>([&svc](const pm::ReleaseReq& r, RequestContext&) { return empty_or(svc.release(r)); },
                  kInline);
   server.handle<pm::ReclaimOpens>(

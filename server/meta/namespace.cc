@@ -50,7 +50,6 @@ struct ReplyScope {
   uint64_t seq = 0;
   uint16_t method = 0;
   uint64_t request_hash = 0;
-  mutable bool stored = false;  // commit_change() put the reply in the change's batch
 };
 
 // How long a repeat waits for the change still running in its slot before it is told to come again.
@@ -281,7 +280,6 @@ Status MetaService::commit_change(Txn& txn, const Resp& response) {
     txn.batch().put(schema::reply_key(scope->session, scope->slot),
                     schema::encode_record(schema::ReplyRecord{scope->seq, scope->method, proto::encode(response),
                                                               scope->request_hash}));
-    scope->stored = true;
   }
   return txn.commit();
 }
@@ -707,11 +705,6 @@ Status MetaService::drop_opens_of_session(SessionId session, bool* queued_gc) {
     }
   }
   for (InodeId ino : dir_leases_.inodes_of(session)) txn.batch().del(schema::grant_key(session, ino));
-  {
-    std::lock_guard lock(replay_mu_);  // a leaf lock
-    memory_replies_.erase(memory_replies_.lower_bound({session.value, 0}),
-                          memory_replies_.lower_bound({session.value, pm::kReplySlots}));
-  }
   const std::string replies = schema::reply_prefix(session);
   PENSTOCK_RETURN_IF_ERROR(store_->scan(replies, replies, [&](std::string_view key, std::string_view) {
     txn.batch().del(std::string(key));
@@ -2097,13 +2090,6 @@ Result<std::string> MetaService::replay(const pm::ReplayReq& req, const std::fun
       PENSTOCK_LOG(Warn) << rec.error().to_string() << "; the slot's next change replaces it";
     }
   }
-  {
-    // A change that wrote nothing durable (an open) left its reply in memory, where what it
-    // changed lives too; the slot's last change is the newer of the two.
-    std::lock_guard lock(replay_mu_);
-    auto it = memory_replies_.find(slot);
-    if (it != memory_replies_.end() && (!last.has_value() || it->second.seq > last->seq)) last = it->second;
-  }
   if (last.has_value()) {
     schema::ReplyRecord& rec = *last;
     if (rec.seq == req.seq) {
@@ -2128,10 +2114,6 @@ Result<std::string> MetaService::replay(const pm::ReplayReq& req, const std::fun
     } clear;
     return change();
   }();
-  if (r.has_value() && !scope.stored) {
-    std::lock_guard lock(replay_mu_);
-    memory_replies_[slot] = schema::ReplyRecord{req.seq, req.method, *r, request_hash};
-  }
   if (!r.has_value() && r.error().code() != Code::kBadHandle) {
     // A session that ended took its stored replies along: this may be the repeat of a change that
     // was applied, which ran again and failed (kNotFound, kExists, kBusy, ...). Its sender must not

@@ -392,10 +392,6 @@ class MetaService {
   std::mutex replay_mu_;
   std::condition_variable replay_cv_;
   std::set<std::pair<uint64_t, uint32_t>> replaying_;
-  // replay(): the replies of changes that wrote nothing durable (an open: OpenTable is memory),
-  // kept where what they changed is kept: lost with a restart, dropped with their session. By
-  // (session, slot); guarded by replay_mu_.
-  std::map<std::pair<uint64_t, uint32_t>, schema::ReplyRecord> memory_replies_;
   std::atomic<uint64_t> replies_repeated_{0};
   uint64_t next_ino_ = 0;  // next inode number to hand out
   // Applied reservation: numbers below it may have been handed out. Written under mu_, read by

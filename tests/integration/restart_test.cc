@@ -474,40 +474,6 @@ TEST_F(RestartTest, ACloseInFlightWhenMetaIsKilledReportsItsSizeAfterTheRestart)
   EXPECT_NE(log.find("ReportSizeAtClose got no answer from penstock-meta"), std::string::npos);
 }
 
-// The same for an open (Open, sent as ReplayInline): a reopen through /proc/self/fd sends the
-// kernel's OPEN alone (no LOOKUP), for writing (no open ticket), so the Open is what waits in the
-// stopped server's socket. It returns a descriptor once the restarted server answers it.
-TEST_F(RestartTest, AnOpenInFlightWhenMetaIsKilledIsAnsweredAfterItsRestart) {
-  const std::string file = p("reopened");
-  ASSERT_TRUE(write_file(file, "written before the restart"));
-  UniqueFd first(open(file.c_str(), O_RDONLY));
-  ASSERT_TRUE(first.ok()) << errno_name(errno);
-  const std::string again = "/proc/self/fd/" + std::to_string(first.get());
-  const pid_t meta = cluster_->pid_of("meta");
-  ASSERT_GT(meta, 0) << "no meta pid recorded";
-  ASSERT_EQ(kill(meta, SIGSTOP), 0) << errno_name(errno);
-  int opened = -1, open_errno = 0;
-  std::thread opener([&] {
-    opened = open(again.c_str(), O_RDWR);
-    open_errno = errno;
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the Open waits in the stopped server's socket
-  const bool restarted = cluster_->restart_meta(/*crash=*/true);
-  kill(meta, SIGCONT);  // in case the kill did not happen
-  opener.join();
-  UniqueFd second(opened);
-  ASSERT_TRUE(restarted);
-  ASSERT_TRUE(second.ok()) << "open: " << errno_name(open_errno);
-  ASSERT_TRUE(pwrite_all(second.get(), "WRITTEN", 0));
-  EXPECT_EQ(second.close(), 0) << errno_name(errno);
-  std::string back;
-  ASSERT_TRUE(read_file(file, &back));
-  EXPECT_EQ(back, "WRITTEN before the restart");
-  std::string log;
-  ASSERT_TRUE(read_file(cluster_->state_dir() + "/logs/mount1.log", &log));
-  EXPECT_NE(log.find("Open got no answer from penstock-meta"), std::string::npos);
-}
-
 // Through the mount: when the data servers are gone, a write that was buffered (write-behind)
 // fails at close for every descriptor that was open at the time, also one that wrote nothing,
 // and not for one opened after the failure was reported (Linux's writeback-error semantics).

@@ -1257,44 +1257,6 @@ TYPED_TEST(NamespaceTest, ARepeatedCloseReportDoesNotUndoALaterTruncate) {
   EXPECT_EQ(this->attr(f).size, 3u << 20);
 }
 
-// An open (ReplayInline) writes nothing durable: its reply is kept in memory, where the open is.
-// Its repeat gets that reply and is not counted again, so one release lets an unlink finish; a
-// durable change later in the slot is the slot's last one, and an open after it is again.
-TYPED_TEST(NamespaceTest, ARepeatedOpenIsCountedOnce) {
-  auto& s = *this->svc_;
-  const SessionId sess = this->new_session();
-  const InodeId f = this->must_create(kRootInode, "f", sess);  // create opens it too
-  ASSERT_OK(s.release(pm::ReleaseReq{f, sess}));
-  int runs = 0;
-  auto open_f = [&] { return s.open_file(pm::OpenReq{f, sess, 0}); };
-  auto first = replayed<pm::AttrResp>(s, sess, 9, 1, pm::Open::kId, open_f, &runs);
-  ASSERT_TRUE(first.has_value()) << first.error().to_string();
-  auto again = replayed<pm::AttrResp>(s, sess, 9, 1, pm::Open::kId, open_f, &runs);
-  ASSERT_TRUE(again.has_value()) << again.error().to_string();
-  EXPECT_EQ(*again, *first);
-  EXPECT_EQ(runs, 1);
-  ASSERT_OK(this->unlink(kRootInode, "f"));
-  ASSERT_TRUE(s.get_attr(pm::InodeReq{f}).has_value()) << "unlinked while open";
-  ASSERT_OK(s.release(pm::ReleaseReq{f, sess}));
-  EXPECT_CODE(s.get_attr(pm::InodeReq{f}), Code::kNotFound) << "the repeat was counted as a second open";
-
-  const InodeId g = this->must_create(kRootInode, "g", sess);
-  auto mkdir_d = [&] { return this->mkdir(kRootInode, "d"); };
-  ASSERT_TRUE(replayed<pm::AttrResp>(s, sess, 9, 2, pm::Mkdir::kId, mkdir_d, &runs).has_value());
-  EXPECT_EQ(runs, 2);
-  auto open_g = [&] { return s.open_file(pm::OpenReq{g, sess, 0}); };
-  EXPECT_CODE(replayed<pm::AttrResp>(s, sess, 9, 1, pm::Open::kId, open_g, &runs), Code::kInvalid);
-  EXPECT_EQ(runs, 2);
-  auto third = replayed<pm::AttrResp>(s, sess, 9, 3, pm::Open::kId, open_g, &runs);
-  ASSERT_TRUE(third.has_value()) << third.error().to_string();
-  auto third_again = replayed<pm::AttrResp>(s, sess, 9, 3, pm::Open::kId, open_g, &runs);
-  ASSERT_TRUE(third_again.has_value()) << third_again.error().to_string();
-  EXPECT_EQ(runs, 3);
-  // The session's end takes the kept reply along: its repeat applies nothing.
-  ASSERT_OK(s.close_session(pm::SessionReq{sess}));
-  EXPECT_CODE(replayed<pm::AttrResp>(s, sess, 9, 3, pm::Open::kId, open_g, &runs), Code::kBadHandle);
-}
-
 TYPED_TEST(NamespaceTest, StoredRepliesSurviveARestartAndGoWithTheirSession) {
   const SessionId sess = this->new_session();
   const SessionId other = this->new_session();
