@@ -342,8 +342,7 @@ template <class M>
 Result<typename M::Response> Client::send_meta(const typename M::Request& req) {
   if constexpr (meta::kReplayed<M>) {
     const SessionId sid = session();
-    const std::atomic<bool>& unsupported = meta::kReplayInline<M> ? replay_inline_unsupported_ : replay_unsupported_;
-    if (sid.valid() && !unsupported.load(std::memory_order_relaxed)) {
+    if (sid.valid() && !replay_unsupported<M>().load(std::memory_order_relaxed)) {
       if (auto r = send_change<M>(sid, req); r.has_value()) return std::move(*r);
     }
   }
@@ -354,7 +353,7 @@ template <class M>
 std::optional<Result<typename M::Response>> Client::send_change(SessionId session, const typename M::Request& req) {
   using Envelope = std::conditional_t<meta::kReplayWaits<M>, meta::ReplayWaiting,
                                       std::conditional_t<meta::kReplayInline<M>, meta::ReplayInline, meta::Replay>>;
-  std::atomic<bool>& unsupported = meta::kReplayInline<M> ? replay_inline_unsupported_ : replay_unsupported_;
+  std::atomic<bool>& unsupported = replay_unsupported<M>();
   ReplySlots::Held held(reply_slots_);
   const meta::ReplayReq envelope{session, held.slot(), held.seq(), M::kId, proto::encode(req)};
   const auto give_up = Backoff::Clock::now() + options_.call_timeout;

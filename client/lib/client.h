@@ -418,6 +418,11 @@ class Client {
   // predates ReplayInline has the others): those changes go as themselves.
   std::atomic<bool> replay_unsupported_{false};
   std::atomic<bool> replay_inline_unsupported_{false};
+  // The one of the two flags above that says whether change M goes as itself.
+  template <class M>
+  std::atomic<bool>& replay_unsupported() {
+    return proto::meta::kReplayInline<M> ? replay_inline_unsupported_ : replay_unsupported_;
+  }
   std::atomic<uint64_t> replay_checked_version_{0};  // the map version the heartbeat last saw
   std::atomic<int64_t> lease_ns_{0};
 
