@@ -266,8 +266,9 @@ void op_destroy(void* userdata) {
   PENSTOCK_LOG(Info) << "FUSE session ends; closing the meta session";
   const client::CacheStats cache = state->client->cache_stats();
   const client::OpenTicketStats tickets = state->client->open_ticket_stats();
-  PENSTOCK_LOG(Info) << "chunk cache: " << cache.hits << " hits, " << cache.waits << " joined fetches, " << cache.misses
-                     << " misses, " << cache.evictions << " evictions; open tickets: " << tickets.granted
+  PENSTOCK_LOG(Info) << "chunk cache: " << cache.hits << " hits, " << cache.waits << " joined fetches ("
+                     << state->client->deferred_reads() << " reads answered where their block arrived), "
+                     << cache.misses << " misses, " << cache.evictions << " evictions; open tickets: " << tickets.granted
                      << " granted, " << tickets.taken << " taken by opens, " << tickets.dropped << " released unused";
   state->client->shutdown();
 }
@@ -487,6 +488,30 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   reply_open_handle(req, fi, std::move(fh), &e);
 }
 
+// Replies a read's outcome: the pieces (cached blocks, scratch) as one buffer or an iovec.
+void reply_read(fuse_req_t req, fuse_ino_t ino, const Result<size_t>& r, const client::ReadPieces& pieces) {
+  if (!r.has_value()) return reply_status(req, r.error(), "read", ino);
+  if (pieces.spans.size() <= 1) {
+    const char* data = pieces.spans.empty() ? nullptr : reinterpret_cast<const char*>(pieces.spans[0].data());
+    fuse_reply_buf(req, data, *r);
+    return;
+  }
+  // A 1 MiB read spans at most two cache blocks (plus a partial one when unaligned).
+  constexpr size_t kInline = 8;
+  iovec inline_iov[kInline];
+  std::vector<iovec> heap_iov;
+  iovec* iov = inline_iov;
+  if (pieces.spans.size() > kInline) {
+    heap_iov.resize(pieces.spans.size());
+    iov = heap_iov.data();
+  }
+  for (size_t i = 0; i < pieces.spans.size(); ++i) {
+    iov[i].iov_base = const_cast<uint8_t*>(pieces.spans[i].data());
+    iov[i].iov_len = pieces.spans[i].size();
+  }
+  fuse_reply_iov(req, iov, static_cast<int>(pieces.spans.size()));
+}
+
 void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   FileHandle* fh = file_of(fi);
   // Bytes the cache holds are replied straight from the cached blocks (an iovec the kernel copies
@@ -502,31 +527,17 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   }
   auto layout = layout_of(req, fh);
   if (!layout.has_value()) return reply_status(req, layout.error(), "read", ino);
+  // A read that would wait for a block in flight (a small file's fetch that its open started) is
+  // answered by whoever completes the block, usually the I/O thread the data arrived on: this
+  // thread goes back to the kernel at once instead of sleeping only to be woken to pass the bytes
+  // on. Not on a ring thread, whose reply must go out before its op returns.
+  const client::ReadLater later = [req, ino](Result<size_t> n, client::ReadPieces& got) {
+    reply_read(req, ino, n, got);
+  };
   auto r = client_of(req).read_pieces(fh->ino, **layout, fh->size_hint.load(), static_cast<uint64_t>(off),
-                                      std::span<uint8_t>(direct_to, size), fh->read_ctx.get(), &pieces);
-  if (!r.has_value()) {
-    pieces.clear();
-    return reply_status(req, r.error(), "read", ino);
-  }
-  if (pieces.spans.size() <= 1) {
-    const char* data = pieces.spans.empty() ? nullptr : reinterpret_cast<const char*>(pieces.spans[0].data());
-    fuse_reply_buf(req, data, *r);
-  } else {
-    // A 1 MiB read spans at most two cache blocks (plus a partial one when unaligned).
-    constexpr size_t kInline = 8;
-    iovec inline_iov[kInline];
-    std::vector<iovec> heap_iov;
-    iovec* iov = inline_iov;
-    if (pieces.spans.size() > kInline) {
-      heap_iov.resize(pieces.spans.size());
-      iov = heap_iov.data();
-    }
-    for (size_t i = 0; i < pieces.spans.size(); ++i) {
-      iov[i].iov_base = const_cast<uint8_t*>(pieces.spans[i].data());
-      iov[i].iov_len = pieces.spans[i].size();
-    }
-    fuse_reply_iov(req, iov, static_cast<int>(pieces.spans.size()));
-  }
+                                      std::span<uint8_t>(direct_to, size), fh->read_ctx.get(), &pieces,
+                                      on_ring_thread() ? nullptr : &later);
+  if (!r.has_value() || !pieces.deferred) reply_read(req, ino, r, pieces);
   pieces.clear();
 }
 

@@ -477,6 +477,8 @@ uint8_t* ring_reply_buffer(size_t size) {
   return reinterpret_cast<uint8_t*>(e->payload());
 }
 
+bool on_ring_thread() { return tls_entry != nullptr; }
+
 void after_reply(std::function<void()> fn) {
   if (Entry* e = tls_entry; e != nullptr) {
     e->after_reply.push_back(std::move(fn));

@@ -73,6 +73,10 @@ class FuseRing {
 // for other requests (a WRITE's data lies there).
 uint8_t* ring_reply_buffer(size_t size);
 
+// Whether the calling thread serves a ring request now: its reply must come from this thread,
+// within the op (a /dev/fuse request may be answered later, from any thread).
+bool on_ring_thread();
+
 // Runs `fn` once the reply of the request the calling thread serves has reached the kernel: at once
 // on a /dev/fuse thread (fuse_reply_* wrote it), after the commit on a ring thread (the reply is
 // only captured while the op runs). For notifications the kernel would otherwise wait on with the

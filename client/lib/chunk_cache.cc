@@ -3,12 +3,24 @@
 namespace penstock::client {
 
 void CachedBlock::complete(Status st) {
+  std::vector<std::function<void(const Status&)>> then;
+  Status result;
   {
     std::lock_guard<std::mutex> lock(mu_);
     status_ = std::move(st);
     done_ = true;
+    then.swap(then_);
+    if (!then.empty()) result = status_;
   }
   cv_.notify_all();
+  for (auto& fn : then) fn(result);
+}
+
+bool CachedBlock::then(std::function<void(const Status&)> fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (done_) return false;
+  then_.push_back(std::move(fn));
+  return true;
 }
 
 Status CachedBlock::wait() {

@@ -16,6 +16,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -42,11 +43,16 @@ class CachedBlock {
   std::span<uint8_t> buffer() { return std::span<uint8_t>(data_.get(), length_); }
   const uint8_t* data() const { return data_.get(); }
 
-  // Publishes the fetch result (the buffer must be fully filled, holes as zeros) and wakes waiters.
+  // Publishes the fetch result (the buffer must be fully filled, holes as zeros), wakes waiters and
+  // then runs the continuations given to then(), in order, on this thread, with no lock held.
   void complete(Status st);
   // Waits until complete() and returns its status.
   Status wait();
   bool done() const;
+  // Instead of waiting: `fn` runs with the fetch's status inside complete(), on the thread that
+  // completes the block (often a connection's I/O thread, so `fn` must not block). Returns false,
+  // without keeping `fn`, when the block is complete already (the caller reads it at once).
+  bool then(std::function<void(const Status&)> fn);
 
  private:
   const uint64_t offset_;
@@ -56,6 +62,7 @@ class CachedBlock {
   std::condition_variable cv_;
   bool done_ = false;  // guarded by mu_
   Status status_;      // guarded by mu_
+  std::vector<std::function<void(const Status&)>> then_;  // guarded by mu_; run once by complete()
 };
 
 struct CacheStats {

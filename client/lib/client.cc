@@ -1161,7 +1161,8 @@ Result<size_t> Client::read(InodeId ino, const proto::Layout& layout, uint64_t s
 }
 
 Result<size_t> Client::read_pieces(InodeId ino, const proto::Layout& layout, uint64_t size_hint, uint64_t offset,
-                                   std::span<uint8_t> buf, ReadContext* ctx, ReadPieces* out_pieces) {
+                                   std::span<uint8_t> buf, ReadContext* ctx, ReadPieces* out_pieces,
+                                   const ReadLater* later) {
   out_pieces->clear();
   // The whole range landed in `buf` (a direct read): one piece.
   auto direct = [out_pieces](std::span<const uint8_t> bytes) {
@@ -1245,27 +1246,68 @@ Result<size_t> Client::read_pieces(InodeId ino, const proto::Layout& layout, uin
       if (!st.is_ok()) return st;
     }
   }
+  if (later != nullptr && blocks.size() == 1) {
+    std::shared_ptr<CachedBlock> blk = blocks.front();
+    auto rest = [this, ino, layout, offset, n, bs, blk, rest_of_read = *later](const Status&) {
+      finish_deferred_read(ino, layout, offset, n, bs, blk, rest_of_read);
+    };
+    if (blk->then(std::move(rest))) {
+      deferred_reads_.fetch_add(1, std::memory_order_relaxed);
+      out_pieces->deferred = true;
+      return size_t{0};
+    }
+  }
+  PENSTOCK_ASSIGN_OR_RETURN(bool done, collect_pieces(std::move(blocks), offset, end, bs, out_pieces));
+  if (!done) {
+    PENSTOCK_RETURN_IF_ERROR(read_ranges(ino, layout, {{offset, out}}));
+    return direct(out);
+  }
+  return static_cast<size_t>(n);
+}
+
+Result<bool> Client::collect_pieces(std::vector<std::shared_ptr<CachedBlock>> blocks, uint64_t offset, uint64_t end,
+                                    uint64_t bs, ReadPieces* out) {
   for (auto& blk : blocks) {
     Status st = blk->wait();
     if (!st.is_ok()) {
-      out_pieces->clear();  // its spans point into `blocks`, which go away now
+      out->clear();  // its spans point into `blocks`, which go away now
       return st;
     }
     const uint64_t lo = std::max(offset, blk->offset());
     const uint64_t hi = std::min(end, blk->offset() + blk->length());
+    // A block cut at an older EOF that a fetch in flight still answers: the range is read directly.
     if (hi < std::min(end, blk->offset() + bs)) {
-      // A block cut at an older EOF that a fetch in flight still answers: read the range directly.
-      PENSTOCK_RETURN_IF_ERROR(read_ranges(ino, layout, {{offset, out}}));
-      return direct(out);
+      out->clear();
+      return false;
     }
     if (hi > lo) {
-      out_pieces->spans.emplace_back(blk->data() + (lo - blk->offset()), hi - lo);
-      out_pieces->bytes += hi - lo;
+      out->spans.emplace_back(blk->data() + (lo - blk->offset()), hi - lo);
+      out->bytes += hi - lo;
     }
   }
-  // The spans point into the blocks: they stay pinned as long as *out_pieces holds them.
-  out_pieces->pins = std::move(blocks);
-  return static_cast<size_t>(n);
+  // The spans point into the blocks: they stay pinned as long as *out holds them.
+  out->pins = std::move(blocks);
+  return true;
+}
+
+void Client::finish_deferred_read(InodeId ino, const proto::Layout& layout, uint64_t offset, uint64_t n,
+                                  uint64_t bs, std::shared_ptr<CachedBlock> block, const ReadLater& later) {
+  ReadPieces pieces;
+  auto done = collect_pieces({std::move(block)}, offset, offset + n, bs, &pieces);
+  if (!done.has_value()) return later(done.error(), pieces);
+  if (*done) return later(static_cast<size_t>(n), pieces);
+  // Reading directly waits for the data servers: not on the thread that completed the block.
+  pieces.clear();
+  const bool queued = pool_->try_submit([this, ino, layout, offset, n, later] {
+    std::vector<uint8_t> bytes(n);
+    ReadPieces direct;
+    Status st = read_ranges(ino, layout, {{offset, std::span<uint8_t>(bytes)}});
+    if (!st.is_ok()) return later(st, direct);
+    direct.spans.emplace_back(bytes.data(), bytes.size());
+    direct.bytes = bytes.size();
+    later(static_cast<size_t>(n), direct);
+  });
+  if (!queued) later(Status(Code::kUnavailable, "the client is shutting down"), pieces);
 }
 
 Status Client::write_now(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> bytes) {

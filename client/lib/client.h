@@ -118,12 +118,20 @@ struct ReadPieces {
   std::vector<std::span<const uint8_t>> spans;   // contiguous in the file, from the read's offset
   std::vector<std::shared_ptr<CachedBlock>> pins;  // keep the blocks `spans` point into alive
   size_t bytes = 0;                                // sum of the span sizes
+  bool deferred = false;  // read_pieces() handed the read to its `later` (nothing else is set)
   void clear() {
     spans.clear();
     pins.clear();
     bytes = 0;
+    deferred = false;
   }
 };
+
+// The rest of a read that read_pieces() deferred: called once with its outcome, as read_pieces()
+// would have returned it, on the thread that completed the block it waited for (a connection's I/O
+// thread, or a pool thread) or, when the pool has stopped, on the one that found that. The pieces
+// are valid during the call only.
+using ReadLater = std::function<void(Result<size_t> n, ReadPieces& pieces)>;
 
 class Client {
  public:
@@ -238,8 +246,14 @@ class Client {
   // spans of the cached blocks (pinned in *out) and only bytes read directly from the data servers
   // land in `scratch`. *out is cleared first; on success out->bytes is the returned count. `scratch`
   // and *out are the caller's; *out must not outlive `scratch`.
+  // With `later`, a read that would wait for one cache block still being fetched (a small file whose
+  // open started its fetch, a read-ahead block) does not wait: it returns 0 with out->deferred set,
+  // and a copy of `later` gets the outcome when the block arrives, so the calling thread is free at
+  // once and nobody is woken only to pass the bytes on. A deferred read never uses `scratch` (a
+  // range it must read directly after all lands in a buffer of its own).
   Result<size_t> read_pieces(InodeId ino, const proto::Layout& layout, uint64_t size_hint, uint64_t offset,
-                             std::span<uint8_t> scratch, ReadContext* ctx, ReadPieces* out);
+                             std::span<uint8_t> scratch, ReadContext* ctx, ReadPieces* out,
+                             const ReadLater* later = nullptr);
   // Writes all of `data` at `offset`. With write-behind (dirty_limit > 0) the bytes are gathered
   // into per-file buffers sent asynchronously (blocking while the dirty bound is passed); an error
   // of an earlier asynchronous send of this file that `cursor` has not reported yet is returned
@@ -268,6 +282,8 @@ class Client {
   Status sync_namespace();
   // Cache and write-behind counters (for logs and tests).
   CacheStats cache_stats() const { return cache_->stats(); }
+  // Reads read_pieces() deferred (answered by the thread their block arrived on).
+  uint64_t deferred_reads() const { return deferred_reads_.load(std::memory_order_relaxed); }
   // Creates behind a directory lease (all zero when off).
   CreateBehindStats create_behind_stats() const { return cb_ ? cb_->stats() : CreateBehindStats{}; }
   OpenTicketStats open_ticket_stats() const;
@@ -369,6 +385,15 @@ class Client {
   // Reads each (offset, buffer) range of the file (holes as zeros), all pieces in parallel.
   Status read_ranges(InodeId ino, const proto::Layout& layout,
                      const std::vector<std::pair<uint64_t, std::span<uint8_t>>>& ranges);
+  // The pieces of [offset, end) from `blocks` (each waited for), pinned in *out: true when done,
+  // false when a block was cut at an older EOF and the range must be read directly instead. The
+  // first failed fetch's error (*out then cleared).
+  static Result<bool> collect_pieces(std::vector<std::shared_ptr<CachedBlock>> blocks, uint64_t offset,
+                                     uint64_t end, uint64_t block_size, ReadPieces* out);
+  // A deferred read's end, once `block` completed (read_pieces' `later`): hands `later` its pieces,
+  // or reads the range directly on the pool.
+  void finish_deferred_read(InodeId ino, const proto::Layout& layout, uint64_t offset, uint64_t n,
+                            uint64_t block_size, std::shared_ptr<CachedBlock> block, const ReadLater& later);
   // Fetches one cache block into its buffer and completes it; drops it from the cache on error.
   void fetch_block(InodeId ino, const proto::Layout& layout, const std::shared_ptr<CachedBlock>& block);
   // fetch_block() without a thread: sent now, completed by the reply (one try; else fetch_block).
@@ -413,6 +438,7 @@ class Client {
   std::unordered_map<InodeId, FileState> files_;  // guarded by files_mu_
 
   std::atomic<uint64_t> session_{0};
+  std::atomic<uint64_t> deferred_reads_{0};
   ReplySlots reply_slots_;
   // The meta server answered kNotSupported to Replay/ReplayWaiting, or to ReplayInline (one that
   // predates ReplayInline has the others): those changes go as themselves.

@@ -12,10 +12,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -422,6 +424,87 @@ TEST_F(ClientReadTest, SmallFileFetchedForAnOlderGenerationIsNotServed) {
 
 // The fetch started at open checks the block sums itself; a failure goes the way of every read
 // (re-read, then the server's verdict): the damaged block is kCorrupt, never cached data.
+// A read given `later` that finds its block still being fetched returns at once (deferred) and
+// gets its bytes from the thread that completes the block; a failed fetch reaches it as its error.
+TEST_F(ClientReadTest, AReadWaitingForASmallFilesFetchIsAnsweredByWhoeverCompletesIt) {
+  struct Outcome {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool called = false;
+    std::thread::id thread;
+    Result<size_t> n = Status(Code::kInternal, "not called");
+    std::vector<uint8_t> bytes;
+  };
+  // Lookup, open (which starts the fetch), then read at once with `later`: the outcome either way.
+  auto read_after_open = [&](const proto::InodeAttr& created, const std::string& name, size_t size,
+                             bool* deferred) -> std::pair<Result<size_t>, std::vector<uint8_t>> {
+    EXPECT_TRUE(client_->lookup_entry(InodeId{1}, name).has_value());
+    auto a = client_->open(created.ino, O_RDONLY);
+    EXPECT_TRUE(a.has_value()) << a.error().to_string();
+    if (!a.has_value()) return {a.error(), {}};
+    auto ctx = client_->make_read_context(a->generation);
+    std::vector<uint8_t> scratch(size + 1, kSentinel);
+    auto out = std::make_shared<Outcome>();
+    const client::ReadLater later = [out](Result<size_t> n, client::ReadPieces& got) {
+      std::lock_guard<std::mutex> lock(out->mu);
+      out->thread = std::this_thread::get_id();
+      out->n = std::move(n);
+      out->bytes = concat(got);
+      out->called = true;
+      out->cv.notify_all();
+    };
+    client::ReadPieces pieces;
+    auto n = client_->read_pieces(a->ino, a->layout, a->size, 0, scratch, ctx.get(), &pieces, &later);
+    *deferred = n.has_value() && pieces.deferred;
+    std::pair<Result<size_t>, std::vector<uint8_t>> result{n, concat(pieces)};
+    if (*deferred) {
+      EXPECT_EQ(*n, 0u);
+      EXPECT_TRUE(pieces.spans.empty() && pieces.pins.empty());
+      std::unique_lock<std::mutex> lock(out->mu);
+      EXPECT_TRUE(out->cv.wait_for(lock, 20s, [&] { return out->called; })) << "a deferred read was never answered";
+      EXPECT_NE(out->thread, std::this_thread::get_id());
+      result = {out->n, out->bytes};
+    } else {
+      EXPECT_FALSE(out->called) << "an answered read also called `later`";
+    }
+    EXPECT_TRUE(std::all_of(scratch.begin(), scratch.end(), [](uint8_t b) { return b == kSentinel; }))
+        << "a read served by the open's fetch wrote into the scratch buffer";
+    pieces.clear();
+    EXPECT_TRUE(client_->release(a->ino).is_ok());
+    return result;
+  };
+
+  int deferred_reads = 0;
+  for (int i = 0; i < 12; ++i) {
+    SCOPED_TRACE(i);
+    const size_t size = (100u << 10) + 13 * i;
+    const std::vector<uint8_t> data = testing::seeded_bytes(size, 40 + i);
+    const std::string name = "deferred-" + std::to_string(i);
+    const proto::InodeAttr created = write_closed(name, data);
+    ASSERT_NE(created.ino.value, 0u);
+    bool deferred = false;
+    auto [n, got] = read_after_open(created, name, size, &deferred);
+    deferred_reads += deferred ? 1 : 0;
+    ASSERT_TRUE(n.has_value()) << n.error().to_string();
+    EXPECT_EQ(*n, size);
+    EXPECT_TRUE(got == data) << "the bytes differ";
+  }
+  // The fetch needs a round trip to a data server and its disk; the read is issued right after
+  // the open sent it, so nearly every read here finds it in flight.
+  EXPECT_GT(deferred_reads, 0) << "no read found its block in flight";
+
+  // A fetch that fails (a damaged block: the re-read on the pool fails too) reaches the read.
+  const size_t size = 40u << 10;
+  const proto::InodeAttr created = write_closed("deferred-damaged", testing::seeded_bytes(size, 39));
+  ASSERT_NE(created.ino.value, 0u);
+  ASSERT_NO_FATAL_FAILURE(damage_first_chunk(created, 4096 + 3));
+  bool deferred = false;
+  auto [n, got] = read_after_open(created, "deferred-damaged", size, &deferred);
+  ASSERT_FALSE(n.has_value());
+  EXPECT_EQ(n.error().code(), Code::kCorrupt) << n.error().to_string();
+  EXPECT_TRUE(got.empty());
+}
+
 TEST_F(ClientReadTest, DamagedSmallFileFetchedDuringTheOpenIsCorrupt) {
   const size_t size = 40u << 10;
   const std::vector<uint8_t> data = testing::seeded_bytes(size, 14);

@@ -16,6 +16,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -328,6 +329,40 @@ TEST_F(TwoMountsTest, SmallFileReadsStayFresh) {
   ASSERT_EQ(truncate(b("small-fresh").c_str(), 40000), 0) << errno_name(errno);
   EXPECT_TRUE(same_bytes(v3.substr(0, 40000), contents(b("small-fresh"))));
   EXPECT_TRUE(same_bytes(v3.substr(0, 40000), contents(a("small-fresh"))));
+}
+
+// Small files B has not read yet: each open starts the file's fetch, and the READ that follows is
+// answered by the thread the bytes arrive on (client.h, read_pieces' `later`). Four threads read
+// them at once, then A rewrites them all and B reads the new bytes the same way.
+TEST_F(TwoMountsTest, SmallFilesReadOnBInParallelGetTheirBytesFromTheFetchesTheirOpensStarted) {
+  constexpr int kFiles = 32;
+  constexpr int kThreads = 4;
+  for (uint32_t version = 1; version <= 2; ++version) {
+    SCOPED_TRACE(version);
+    std::vector<std::string> want(kFiles);
+    for (int i = 0; i < kFiles; ++i) {
+      want[i] = pattern(60 * 1024 + 997 * i, 0, 100 * version + i);
+      ASSERT_TRUE(write_file(a("parallel-small-" + std::to_string(i)), want[i]));
+    }
+    std::vector<std::string> got(kFiles * kThreads);
+    std::vector<std::thread> readers;
+    for (int t = 0; t < kThreads; ++t) {
+      readers.emplace_back([&, t] {
+        // Each thread its own order, so opens of one file overlap now and then.
+        for (int k = 0; k < kFiles; ++k) {
+          const int i = (k * (2 * t + 1) + 7 * t) % kFiles;
+          std::string out;
+          if (read_file(b("parallel-small-" + std::to_string(i)), &out)) got[t * kFiles + i] = std::move(out);
+        }
+      });
+    }
+    for (auto& r : readers) r.join();
+    for (int t = 0; t < kThreads; ++t) {
+      for (int i = 0; i < kFiles; ++i) {
+        EXPECT_TRUE(same_bytes(want[i], got[t * kFiles + i])) << "file " << i << ", reader " << t;
+      }
+    }
+  }
 }
 
 TEST_F(TwoMountsTest, UnlinkOnAGivesEnoentOnB) {

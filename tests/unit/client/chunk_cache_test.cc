@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace penstock::client {
 namespace {
@@ -119,6 +121,41 @@ TEST(ChunkCache, FailedFetchIsErasedAndWaitersSeeTheError) {
   first.block->complete(Status(Code::kIo, "disk"));
   EXPECT_EQ(joined.block->wait().code(), Code::kIo);
   EXPECT_TRUE(c.get_or_start(kIno, 1, 0, 4096).fetch) << "a failed block must not stay cached";
+}
+
+TEST(ChunkCache, ContinuationsRunOnceOnTheCompletingThreadAfterTheBytesArePublished) {
+  ChunkCache c(1 << 20);
+  auto lk = c.get_or_start(kIno, 1, 0, 4096);
+  ASSERT_TRUE(lk.fetch);
+  std::vector<std::string> ran;
+  std::thread::id where;
+  for (const char* name : {"first", "second"}) {
+    ASSERT_TRUE(lk.block->then([&, name, block = lk.block](const Status& st) {
+      EXPECT_TRUE(st.is_ok()) << st.to_string();
+      EXPECT_TRUE(block->done()) << "a continuation ran before the block was complete";
+      EXPECT_EQ(block->data()[4095], 0x5a);
+      where = std::this_thread::get_id();
+      ran.push_back(name);
+    }));
+  }
+  std::thread fetcher([&] {
+    std::fill(lk.block->buffer().begin(), lk.block->buffer().end(), 0x5a);
+    lk.block->complete(Status::ok());
+  });
+  const std::thread::id fetcher_id = fetcher.get_id();
+  fetcher.join();
+  EXPECT_EQ(ran, (std::vector<std::string>{"first", "second"}));
+  EXPECT_EQ(where, fetcher_id);
+  // Complete already: nothing is kept, the caller reads the block itself.
+  EXPECT_FALSE(lk.block->then([&](const Status&) { ran.push_back("late"); }));
+  EXPECT_EQ(ran.size(), 2u);
+
+  auto failed = c.get_or_start(kIno, 1, 8192, 4096);
+  Status seen;
+  ASSERT_TRUE(failed.block->then([&](const Status& st) { seen = st; }));
+  c.erase(kIno, failed.block);
+  failed.block->complete(Status(Code::kCorrupt, "block 0 fails its checksum"));
+  EXPECT_EQ(seen.code(), Code::kCorrupt);
 }
 
 TEST(ChunkCache, NewGenerationDropsTheOldOneAndOldHandlesBypass) {
