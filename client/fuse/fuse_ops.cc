@@ -27,6 +27,7 @@
 #include "common/base/log.h"
 
 namespace penstock::fuse {
+
 namespace {
 
 namespace meta = proto::meta;
@@ -531,13 +532,20 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   // answered by whoever completes the block, usually the I/O thread the data arrived on: this
   // thread goes back to the kernel at once instead of sleeping only to be woken to pass the bytes
   // on. Not on a ring thread, whose reply must go out before its op returns.
-  const client::ReadLater later = [req, ino](Result<size_t> n, client::ReadPieces& got) {
+  auto* state = static_cast<MountState*>(fuse_req_userdata(req));
+  const bool may_defer = !on_ring_thread() && state->late_replies.owe();
+  const client::ReadLater later = [req, ino, state](Result<size_t> n, client::ReadPieces& got) {
+    if (!state->late_replies.may_send()) return;
     reply_read(req, ino, n, got);
+    state->late_replies.sent();
   };
-  auto r = client_of(req).read_pieces(fh->ino, **layout, fh->size_hint.load(), static_cast<uint64_t>(off),
+  auto r = state->client->read_pieces(fh->ino, **layout, fh->size_hint.load(), static_cast<uint64_t>(off),
                                       std::span<uint8_t>(direct_to, size), fh->read_ctx.get(), &pieces,
-                                      on_ring_thread() ? nullptr : &later);
-  if (!r.has_value() || !pieces.deferred) reply_read(req, ino, r, pieces);
+                                      may_defer ? &later : nullptr);
+  if (!r.has_value() || !pieces.deferred) {
+    if (may_defer) state->late_replies.answered_in_op();
+    reply_read(req, ino, r, pieces);
+  }
   pieces.clear();
 }
 

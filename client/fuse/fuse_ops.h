@@ -9,6 +9,7 @@
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
+#include "client/fuse/late_replies.h"
 #include "client/lib/client.h"
 
 namespace penstock::fuse {
@@ -21,6 +22,7 @@ struct MountState {
   // kernel would leave stale pages (fuse_ops.cc, kMinorDirectWriteDropsCache).
   bool direct_writes = false;
   fuse_session* session = nullptr;  // for invalidation notices; set once the session exists
+  LateReplies late_replies;
 };
 
 // The operation table (static storage).

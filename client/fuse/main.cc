@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -367,6 +368,12 @@ int main(int argc, char** argv) {
   fuse_loop_cfg_destroy(cfg);
 
   PENSTOCK_LOG(Info) << "unmounting " << mountpoint;
+  // Reads answered by the thread their data arrives on write to the session's descriptor, which
+  // the unmount closes: they go first (their data servers answer or time out meanwhile).
+  if (const uint64_t unanswered = state.late_replies.close(std::chrono::seconds(5)); unanswered > 0) {
+    PENSTOCK_LOG(Warn) << unanswered << " read(s) still waiting for their data after 5 s get no answer; the kernel "
+                       << "fails them as it unmounts";
+  }
   fuse_session_unmount(se);
   if (ring != nullptr) ring->stop();  // its threads use the session until they end
   fuse_remove_signal_handlers(se);

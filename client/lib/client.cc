@@ -1246,7 +1246,7 @@ Result<size_t> Client::read_pieces(InodeId ino, const proto::Layout& layout, uin
       if (!st.is_ok()) return st;
     }
   }
-  if (later != nullptr && blocks.size() == 1) {
+  if (later != nullptr && blocks.size() == 1 && !blocks.front()->done()) {
     std::shared_ptr<CachedBlock> blk = blocks.front();
     auto rest = [this, ino, layout, offset, n, bs, blk, rest_of_read = *later](const Status&) {
       finish_deferred_read(ino, layout, offset, n, bs, blk, rest_of_read);

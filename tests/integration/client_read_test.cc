@@ -422,8 +422,6 @@ TEST_F(ClientReadTest, SmallFileFetchedForAnOlderGenerationIsNotServed) {
   EXPECT_TRUE(client_->release(a->ino).is_ok());
 }
 
-// The fetch started at open checks the block sums itself; a failure goes the way of every read
-// (re-read, then the server's verdict): the damaged block is kCorrupt, never cached data.
 // A read given `later` that finds its block still being fetched returns at once (deferred) and
 // gets its bytes from the thread that completes the block; a failed fetch reaches it as its error.
 TEST_F(ClientReadTest, AReadWaitingForASmallFilesFetchIsAnsweredByWhoeverCompletesIt) {
@@ -443,7 +441,9 @@ TEST_F(ClientReadTest, AReadWaitingForASmallFilesFetchIsAnsweredByWhoeverComplet
     EXPECT_TRUE(a.has_value()) << a.error().to_string();
     if (!a.has_value()) return {a.error(), {}};
     auto ctx = client_->make_read_context(a->generation);
-    std::vector<uint8_t> scratch(size + 1, kSentinel);
+    // Exactly the file's size: a longer read would first ask penstock-meta for the size, and the
+    // fetch could arrive meanwhile.
+    std::vector<uint8_t> scratch(size, kSentinel);
     auto out = std::make_shared<Outcome>();
     const client::ReadLater later = [out](Result<size_t> n, client::ReadPieces& got) {
       std::lock_guard<std::mutex> lock(out->mu);
@@ -505,6 +505,8 @@ TEST_F(ClientReadTest, AReadWaitingForASmallFilesFetchIsAnsweredByWhoeverComplet
   EXPECT_TRUE(got.empty());
 }
 
+// The fetch started at open checks the block sums itself; a failure goes the way of every read
+// (re-read, then the server's verdict): the damaged block is kCorrupt, never cached data.
 TEST_F(ClientReadTest, DamagedSmallFileFetchedDuringTheOpenIsCorrupt) {
   const size_t size = 40u << 10;
   const std::vector<uint8_t> data = testing::seeded_bytes(size, 14);
