@@ -77,7 +77,7 @@ rpc::ServerOptions with_waiting_pool(rpc::ServerOptions options) {
 
 }  // namespace
 
-void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
+void register_meta_handlers(rpc::RpcServer& server, MetaService& svc, Envelopes envelopes) {
   using rpc::RequestContext;
   // Reads, opens, releases and a close's size report answer from memory or the memtable without
   // waiting for a WAL sync: they run on the connection's I/O thread (two thread hops fewer each). Everything that waits for
@@ -157,14 +157,16 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc) {
       [&svc](const pm::RegisterNodeReq& r, RequestContext&) { return svc.register_node(r); });
   server.handle<pm::NodeHeartbeat>(
       [&svc](const pm::NodeHeartbeatReq& r, RequestContext&) { return svc.node_heartbeat(r); });
+  if (envelopes == Envelopes::kNone) return;
   server.handle<pm::Replay>(replay_handler(svc, changes, rpc::Dispatch::kWorker));
   server.handle<pm::ReplayWaiting>(replay_handler(svc, changes, rpc::Dispatch::kWaiting), rpc::Dispatch::kWaiting);
+  if (envelopes == Envelopes::kNoInline) return;
   server.handle<pm::ReplayInline>(replay_handler(svc, changes, kInline), kInline);
 }
 
-MetaServer::MetaServer(MetaService& service, rpc::ServerOptions options)
+MetaServer::MetaServer(MetaService& service, rpc::ServerOptions options, Envelopes envelopes)
     : server_(std::make_unique<rpc::RpcServer>(with_waiting_pool(std::move(options)))) {
-  register_meta_handlers(*server_, service);
+  register_meta_handlers(*server_, service, envelopes);
 }
 
 Status MetaServer::start() { return server_->start(); }

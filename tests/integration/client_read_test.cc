@@ -871,6 +871,55 @@ class ClientReplayTest : public ClientReadTest {
   std::atomic<int> lease_waits_{0};
 };
 
+// A mount against an older penstock-meta (meta_server.h, Envelopes): round 22's answers Replay but
+// not ReplayInline, round 21's neither. Each envelope it lacks is answered kNotSupported once, and
+// from then on the changes (and a close's size report) go as themselves: all of them still apply,
+// once. Twice each, so both the first send (which finds out) and a later one are covered.
+class ClientAgainstOlderMetaTest : public ClientReadTest, public ::testing::WithParamInterface<meta::Envelopes> {
+ protected:
+  void adjust(testing::InProcessClusterOptions& o) override { o.meta_envelopes = GetParam(); }
+};
+
+TEST_P(ClientAgainstOlderMetaTest, ChangesAndCloseReportsGoAsThemselvesAndApplyOnce) {
+  const proto::Caller root{0, 0};
+  auto dir = client_->mkdir(InodeId{1}, "older", S_IFDIR | 0755, root);
+  ASSERT_TRUE(dir.has_value()) << dir.error().to_string();
+  for (int i = 0; i < 2; ++i) {
+    SCOPED_TRACE(i);
+    const std::string name = "f" + std::to_string(i);
+    auto f = client_->create(dir->ino, name, S_IFREG | 0644, root);
+    ASSERT_TRUE(f.has_value()) << f.error().to_string();
+    const std::vector<uint8_t> data = testing::seeded_bytes((300u << 10) + 11 * i, 60 + i);
+    ASSERT_TRUE(client_->write(f->ino, f->layout, 0, data).is_ok());
+    Status closed = client_->release(f->ino);  // the size report goes at the close
+    ASSERT_TRUE(closed.is_ok()) << closed.to_string();
+    auto attr = client_->getattr(f->ino);
+    ASSERT_TRUE(attr.has_value()) << attr.error().to_string();
+    EXPECT_EQ(attr->size, data.size()) << "the close's size report did not arrive";
+    std::vector<uint8_t> back(data.size());
+    auto n = client_->read(f->ino, f->layout, attr->size, 0, back);
+    ASSERT_TRUE(n.has_value()) << n.error().to_string();
+    EXPECT_EQ(*n, data.size());
+    EXPECT_TRUE(back == data);
+    Status renamed = client_->rename(dir->ino, name, dir->ino, "g" + std::to_string(i), 0);
+    ASSERT_TRUE(renamed.is_ok()) << renamed.to_string();
+  }
+  for (int i = 0; i < 2; ++i) {
+    Status gone = client_->unlink(dir->ino, "g" + std::to_string(i));
+    EXPECT_TRUE(gone.is_ok()) << gone.to_string();
+  }
+  Status removed = client_->rmdir(InodeId{1}, "older");
+  ASSERT_TRUE(removed.is_ok()) << removed.to_string();
+  EXPECT_EQ(client_->lookup_entry(InodeId{1}, "older").status().code(), Code::kNotFound);
+}
+
+INSTANTIATE_TEST_SUITE_P(OlderServers, ClientAgainstOlderMetaTest,
+                         ::testing::Values(meta::Envelopes::kNoInline, meta::Envelopes::kNone),
+                         [](const ::testing::TestParamInfo<meta::Envelopes>& p) {
+                           return p.param == meta::Envelopes::kNone ? std::string("WithoutReplay")
+                                                                    : std::string("WithoutReplayInline");
+                         });
+
 TEST_F(ClientReplayTest, AChangeWhoseReplyARestartLostIsAnsweredOnce) {
   const proto::Caller root{0, 0};
   auto c2 = second_client();

@@ -47,6 +47,8 @@ struct InProcessClusterOptions {
   client::ClientOptions client;  // meta_address is set by start()
   // Changes to the meta service's options (at start and at every restart_meta()).
   std::function<void(meta::MetaOptions&)> adjust_meta;
+  // The exactly-once envelopes meta answers: fewer to serve as an older penstock-meta.
+  meta::Envelopes meta_envelopes = meta::Envelopes::kAll;
   std::string temp_prefix = "penstock-inproc";
 };
 
@@ -65,6 +67,7 @@ class InProcessCluster {
     dir_ = tmpl;
     host_ = o.host;
     adjust_meta_ = o.adjust_meta;
+    envelopes_ = o.meta_envelopes;
     if (auto started = start_meta(0); !started) return started;
     for (int i = 0; i < o.data_servers; ++i) {
       data::DataServerOptions d;
@@ -135,7 +138,7 @@ class InProcessCluster {
     service_ = std::move(svc).value();
     rpc::ServerOptions so;
     so.listen = net::Endpoint{host_, port};
-    meta_ = std::make_unique<meta::MetaServer>(*service_, so);
+    meta_ = std::make_unique<meta::MetaServer>(*service_, so, envelopes_);
     Status st = meta_->start();
     if (!st.is_ok()) return ::testing::AssertionFailure() << "meta server: " << st.to_string();
     return ::testing::AssertionSuccess();
@@ -143,6 +146,7 @@ class InProcessCluster {
 
   std::string host_;
   std::function<void(meta::MetaOptions&)> adjust_meta_;
+  meta::Envelopes envelopes_ = meta::Envelopes::kAll;
   meta::MemoryStore store_;
   std::unique_ptr<meta::MetaService> service_;
   std::unique_ptr<meta::MetaServer> meta_;
