@@ -77,7 +77,7 @@ class RpcClient {
     if (!r.has_value()) return std::move(r).error().with_context(std::string(M::kName));
     if (received != nullptr) *received = r->bulk_len;
     auto msg = proto::decode<typename M::Response>(
-        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(r->message.data()), r->message.size()));
+        proto::bytes_of(r->message));
     if (!msg.has_value()) return std::move(msg).error().with_context(std::string(M::kName) + " response");
     return msg;
   }

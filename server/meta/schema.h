@@ -194,7 +194,7 @@ Result<T> decode_record(std::string_view bytes, std::string_view key) {
   if (bytes.empty() || static_cast<uint8_t>(bytes[0]) != kRecordFormat) {
     return Status(Code::kCorrupt, "metadata record under key '" + std::string(key) + "' has an unknown format");
   }
-  auto r = proto::decode<T>(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()) + 1, bytes.size() - 1));
+  auto r = proto::decode<T>(proto::bytes_of(bytes).subspan(1));
   if (!r.has_value()) {
     return Status(Code::kCorrupt, "metadata record under key '" + std::string(key) + "' is damaged: " + r.error().message());
   }

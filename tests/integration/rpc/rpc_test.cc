@@ -724,8 +724,7 @@ TEST_F(RpcTest, RawUnknownMethodGetsNotSupportedAndConnectionWorks) {
   ASSERT_TRUE(g.has_value()) << g.error().to_string();
   EXPECT_EQ(g->first.request_id, 12u);
   EXPECT_EQ(g->first.status, 0u);
-  auto resp = proto::decode<EchoResp>(std::span<const uint8_t>(
-      reinterpret_cast<const uint8_t*>(g->second.data()), g->second.size()));
+  auto resp = proto::decode<EchoResp>(proto::bytes_of(g->second));
   ASSERT_TRUE(resp.has_value()) << resp.error().to_string();
   EXPECT_EQ(resp->text, "raw");
 }

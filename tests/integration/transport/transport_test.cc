@@ -580,7 +580,7 @@ TEST(RdmaControlTest, DescriptorLiesAndBadKeysCloseTheConnectionServerStaysUp) {
     h.bulk_len = bulk_len;
     std::vector<uint8_t> bytes(net::rdma::control_size(h.kind, msg.size()) + extra, 0);
     net::rdma::encode_control(
-        h, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(msg.data()), msg.size()), out,
+        h, proto::bytes_of(msg), out,
         in, bytes);
     return bytes;
   };
@@ -617,7 +617,7 @@ TEST(RdmaControlTest, DescriptorLiesAndBadKeysCloseTheConnectionServerStaysUp) {
       h.request_id = i + 1;
       std::vector<uint8_t> bytes(net::rdma::control_size(h.kind, msg.size()));
       net::rdma::encode_control(
-          h, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(msg.data()), msg.size()), {},
+          h, proto::bytes_of(msg), {},
           {}, bytes);
       if (!(*peer)->send(bytes).is_ok()) closed = true;
     }

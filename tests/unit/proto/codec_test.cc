@@ -16,10 +16,6 @@
 namespace penstock::proto {
 namespace {
 
-std::span<const uint8_t> bytes_of(const std::string& s) {
-  return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.data()), s.size());
-}
-
 template <class I>
 void append_raw(std::string& out, I v) {
   char buf[sizeof(I)];
