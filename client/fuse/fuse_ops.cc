@@ -27,7 +27,6 @@
 #include "common/base/log.h"
 
 namespace penstock::fuse {
-
 namespace {
 
 namespace meta = proto::meta;
