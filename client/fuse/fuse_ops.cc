@@ -533,11 +533,14 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   // on. Not on a ring thread, whose reply must go out before its op returns.
   auto* state = static_cast<MountState*>(fuse_req_userdata(req));
   const bool may_defer = !on_ring_thread() && state->late_replies.owe();
-  const client::ReadLater later = [req, ino, state](Result<size_t> n, client::ReadPieces& got) {
-    if (!state->late_replies.may_send()) return;
-    reply_read(req, ino, n, got);
-    state->late_replies.sent();
-  };
+  client::ReadLater later;  // empty (no allocation) unless this read may be deferred
+  if (may_defer) {
+    later = [req, ino, state](Result<size_t> n, client::ReadPieces& got) {
+      if (!state->late_replies.may_send()) return;
+      reply_read(req, ino, n, got);
+      state->late_replies.sent();
+    };
+  }
   auto r = state->client->read_pieces(fh->ino, **layout, fh->size_hint.load(), static_cast<uint64_t>(off),
                                       std::span<uint8_t>(direct_to, size), fh->read_ctx.get(), &pieces,
                                       may_defer ? &later : nullptr);
