@@ -2096,7 +2096,13 @@ Result<std::string> MetaService::replay(const pm::ReplayReq& req, const std::fun
       if (rec.method != req.method || rec.request_hash != request_hash) {
         return Status(Code::kInvalid, where + " carries another request than the change that ran under its number");
       }
-      // Applied before: the same reply, nothing runs again.
+      // Applied before: the same reply, nothing runs again, as long as the store still stands behind
+      // it. After a failed WAL write or sync (sticky) the first send was refused although its
+      // change and this reply are visible: they may not survive a restart, so the repeat is
+      // refused the same way instead of reporting success.
+      if (Status st = store_->sync_soon(); !st.is_ok()) {
+        return st.with_context("the stored reply of " + where + " is not known to be in the write-ahead log");
+      }
       if (req.method == pm::Create::kId) PENSTOCK_RETURN_IF_ERROR(reopen_created(req, rec.message));
       ++replies_repeated_;
       return std::move(rec.message);

@@ -1257,6 +1257,72 @@ TYPED_TEST(NamespaceTest, ARepeatedCloseReportDoesNotUndoALaterTruncate) {
   EXPECT_EQ(this->attr(f).size, 3u << 20);
 }
 
+// A store whose syncs can be made to fail, as on a disk that fills or fails: the first failed
+// sync is sticky, as Store requires (sync(), sync_soon() and apply() fail from then on), while the
+// batches applied before it stay visible.
+class FailingSyncStore final : public Store {
+ public:
+  Result<std::optional<std::string>> get(std::string_view key) override { return inner_.get(key); }
+  Status apply(const WriteBatch& batch) override {
+    if (failed_) return failure();
+    return inner_.apply(batch);
+  }
+  Status sync() override { return syncs_fail_ ? fail() : inner_.sync(); }
+  Status sync_soon() override { return syncs_fail_ ? fail() : inner_.sync_soon(); }
+  Status scan(std::string_view prefix, std::string_view seek, const ScanFn& fn) override {
+    return inner_.scan(prefix, seek, fn);
+  }
+  std::string describe() const override { return "memory (failing syncs)"; }
+  // The next sync fails, and every call after it.
+  void fail_syncs() { syncs_fail_ = true; }
+
+ private:
+  static Status failure() { return Status(Code::kNoSpace, "injected: no space left on device"); }
+  Status fail() {
+    failed_ = true;
+    return failure();
+  }
+  MemoryStore inner_;
+  bool syncs_fail_ = false;
+  bool failed_ = false;
+};
+
+// A change whose WAL sync failed was refused, yet it and its stored reply are visible in the store
+// until the restart: a repeat of it (its refusal was lost on the way) must get the refusal too, not
+// the stored reply, which a restart may take back.
+TEST(ReplayAfterAFailedSync, TheRepeatIsRefusedAsTheFirstSendWas) {
+  FailingSyncStore store;
+  MetaOptions o;
+  o.seed = 7;
+  auto opened = MetaService::open(&store, o);
+  ASSERT_TRUE(opened.has_value()) << opened.error().to_string();
+  MetaService& s = **opened;
+  auto session = s.register_session(pm::RegisterSessionReq{"test", "host"});
+  ASSERT_TRUE(session.has_value()) << session.error().to_string();
+  const SessionId sess = session->session;
+  int runs = 0;
+  auto mkdir_in = [&](const std::string& name) {
+    return [&s, name] { return s.mkdir(pm::MkdirReq{kRootInode, name, 0755, proto::Caller{0, 0}}); };
+  };
+  // Healthy: the repeat is answered from the stored reply.
+  auto first = replayed<pm::AttrResp>(s, sess, 1, 1, pm::Mkdir::kId, mkdir_in("before"), &runs);
+  ASSERT_TRUE(first.has_value()) << first.error().to_string();
+  auto again = replayed<pm::AttrResp>(s, sess, 1, 1, pm::Mkdir::kId, mkdir_in("before"), &runs);
+  ASSERT_TRUE(again.has_value()) << again.error().to_string();
+  EXPECT_EQ(*again, *first);
+
+  store.fail_syncs();
+  EXPECT_CODE(replayed<pm::AttrResp>(s, sess, 2, 1, pm::Mkdir::kId, mkdir_in("after"), &runs), Code::kNoSpace);
+  EXPECT_EQ(runs, 2);
+  ASSERT_TRUE(s.lookup(pm::LookupReq{kRootInode, "after"}).has_value()) << "the refused mkdir is visible until a restart";
+  EXPECT_CODE(replayed<pm::AttrResp>(s, sess, 2, 1, pm::Mkdir::kId, mkdir_in("after"), &runs), Code::kNoSpace);
+  EXPECT_EQ(runs, 2) << "the repeat ran the change again";
+  // So is a repeat of a change acknowledged before the failure: whether the store still holds it
+  // is known again only after the restart the failure asks for.
+  EXPECT_CODE(replayed<pm::AttrResp>(s, sess, 1, 1, pm::Mkdir::kId, mkdir_in("before"), &runs), Code::kNoSpace);
+  EXPECT_EQ(runs, 2);
+}
+
 TYPED_TEST(NamespaceTest, StoredRepliesSurviveARestartAndGoWithTheirSession) {
   const SessionId sess = this->new_session();
   const SessionId other = this->new_session();
