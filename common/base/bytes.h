@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <span>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -78,5 +80,11 @@ struct PageAlignedAllocator : DefaultInitAllocator<T> {
 };
 
 using AlignedByteBuffer = std::vector<uint8_t, PageAlignedAllocator<uint8_t>>;
+
+// The bytes of a string (an encoded message, a string field that carries another message), as the
+// codec and the transports take them.
+inline std::span<const uint8_t> bytes_of(std::string_view s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
 
 }  // namespace penstock

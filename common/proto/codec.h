@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/base/bytes.h"
 #include "common/base/ids.h"
 #include "common/base/result.h"
 
@@ -186,11 +187,7 @@ std::string encode(const T& msg) {
   return out;
 }
 
-// The bytes of an encoded message held in a string (proto::encode's result, a string field that
-// carries another message).
-inline std::span<const uint8_t> bytes_of(std::string_view s) {
-  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
-}
+using penstock::bytes_of;  // common/base/bytes.h
 
 // Decodes a whole message; bytes left over after the last field are an error.
 template <Message T>

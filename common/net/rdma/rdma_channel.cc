@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/base/bytes.h"
 #include "common/base/log.h"
 #include "common/net/rdma/control.h"
 #include "common/net/rdma/rdma_transport.h"
@@ -411,8 +412,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
                            static_cast<uint32_t>(in_len)};
       const size_t n = rdma::encode_control(
           h,
-          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(q.call.message.data()),
-                                   q.call.message.size()),
+          bytes_of(q.call.message),
           rout, rin, std::span<uint8_t>(send_->at(s), send_->bytes()));
       Slot& slot = slots_[s];
       slot.busy = true;

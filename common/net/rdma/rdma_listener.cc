@@ -29,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/base/bytes.h"
 #include "common/base/log.h"
 #include "common/net/rdma/control.h"
 #include "common/net/rdma/rdma_transport.h"
@@ -440,8 +441,7 @@ void ServerConn::flush_outgoing() {
     Outgoing& s = sends_[slot];
     const size_t n = rdma::encode_control(
         s.header,
-        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(s.message.data()),
-                                 s.message.size()),
+        bytes_of(s.message),
         {}, {}, std::span<uint8_t>(send_->at(slot), send_->bytes()));
     ibv_sge ctl{reinterpret_cast<uint64_t>(send_->at(slot)), static_cast<uint32_t>(n),
                 send_->lkey()};
