@@ -208,6 +208,22 @@ void reply_xattr_bytes(fuse_req_t req, const std::string& value, size_t size, co
   }
 }
 
+// The mount's counters (user.penstock.stats, and the log line at unmount).
+std::vector<client::Counter> mount_counters(const Client& c) {
+  const client::CacheStats cache = c.cache_stats();
+  const client::OpenTicketStats tickets = c.open_ticket_stats();
+  return {{"cache_hits", cache.hits},
+          {"cache_joined_fetches", cache.waits},
+          {"reads_answered_where_their_block_arrived", c.deferred_reads()},
+          {"cache_misses", cache.misses},
+          {"cache_evictions", cache.evictions},
+          {"cache_bytes", cache.used_bytes},
+          {"cache_blocks", cache.blocks},
+          {"open_tickets_granted", tickets.granted},
+          {"open_tickets_taken", tickets.taken},
+          {"open_tickets_released_unused", tickets.dropped}};
+}
+
 // ---- ops ----
 
 void op_init(void* userdata, fuse_conn_info* conn) {
@@ -264,12 +280,11 @@ void op_init(void* userdata, fuse_conn_info* conn) {
 void op_destroy(void* userdata) {
   auto* state = static_cast<MountState*>(userdata);
   PENSTOCK_LOG(Info) << "FUSE session ends; closing the meta session";
-  const client::CacheStats cache = state->client->cache_stats();
-  const client::OpenTicketStats tickets = state->client->open_ticket_stats();
-  PENSTOCK_LOG(Info) << "chunk cache: " << cache.hits << " hits, " << cache.waits << " joined fetches ("
-                     << state->client->deferred_reads() << " reads answered where their block arrived), "
-                     << cache.misses << " misses, " << cache.evictions << " evictions; open tickets: " << tickets.granted
-                     << " granted, " << tickets.taken << " taken by opens, " << tickets.dropped << " released unused";
+  std::string counters;
+  for (const client::Counter& c : mount_counters(*state->client)) {
+    counters += (counters.empty() ? "" : ", ") + std::string(c.name) + " " + std::to_string(c.value);
+  }
+  PENSTOCK_LOG(Info) << "counters at unmount (user.penstock.stats): " << counters;
   state->client->shutdown();
 }
 
@@ -742,6 +757,9 @@ void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* v
   if (name == client::kLayoutXattr) {
     return reply_status(req, c.set_layout_text(InodeId(ino), v), "setxattr layout", ino);
   }
+  if (name == client::kStatsXattr) {
+    return reply_status(req, Status(Code::kNotPermitted, "the stats xattr is read-only"), "setxattr stats", ino);
+  }
   if (name == client::kDropCachesXattr) {
     // Cold caches slow every user of the cluster: root or whoever runs this mount only.
     const uid_t uid = fuse_req_ctx(req)->uid;
@@ -759,6 +777,11 @@ void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) 
   if (name == client::kDropCachesXattr) {
     return reply_status(req, Status(Code::kNoData, "drop_caches is an action, not a value"), "getxattr", ino);
   }
+  if (name == client::kStatsXattr) {
+    const std::vector<client::Counter> counters = mount_counters(c);
+    if (size == 0) return (void)fuse_reply_xattr(req, client::max_counters_size(counters));
+    return reply_xattr_bytes(req, client::format_counters(counters), size, "getxattr stats", ino);
+  }
   if (name == client::kLayoutXattr) {
     auto r = c.get_layout(InodeId(ino));
     if (!r.has_value()) return reply_status(req, r.error(), "getxattr layout", ino);
@@ -774,7 +797,7 @@ void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   if (!r.has_value()) return reply_status(req, r.error(), "listxattr", ino);
   std::string list;
   for (const auto& n : *r) {
-    if (n == client::kLayoutXattr || n == client::kDropCachesXattr) continue;  // virtual: never listed
+    if (n == client::kLayoutXattr || n == client::kDropCachesXattr || n == client::kStatsXattr) continue;  // virtual
     list += n;
     list.push_back('\0');
   }
@@ -785,6 +808,10 @@ void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
   if (name == client::kLayoutXattr) {
     return reply_status(req, Status(Code::kNotPermitted, "the layout xattr is virtual; set it instead"),
                         "removexattr", ino);
+  }
+  if (name == client::kStatsXattr) {
+    return reply_status(req, Status(Code::kNotPermitted, "the stats xattr is virtual and read-only"), "removexattr",
+                        ino);
   }
   reply_status(req, client_of(req).removexattr(InodeId(ino), name), "removexattr", ino);
 }

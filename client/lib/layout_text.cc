@@ -38,6 +38,24 @@ std::string format_layout(const proto::Layout& layout) {
   return out;
 }
 
+std::string format_counters(std::span<const Counter> counters) {
+  std::string out;
+  for (const Counter& c : counters) {
+    out.append(c.name);
+    out.push_back(' ');
+    out.append(std::to_string(c.value));
+    out.push_back('\n');
+  }
+  return out;
+}
+
+size_t max_counters_size(std::span<const Counter> counters) {
+  constexpr size_t kMaxDigits = 20;  // UINT64_MAX
+  size_t n = 0;
+  for (const Counter& c : counters) n += c.name.size() + 1 + kMaxDigits + 1;
+  return n;
+}
+
 Result<uint64_t> parse_size(std::string_view text) {
   const std::string shown(text);
   size_t i = 0;

@@ -1,4 +1,5 @@
-// The text form of a layout, as shown and accepted by the virtual xattr `user.penstock.layout`
+// The text form of a layout, as shown and accepted by the virtual xattr `user.penstock.layout`,
+// and of a mount's counters (`user.penstock.stats`)
 // (and printed by `penstock layout get`):
 //   get: "chunk_size=4194304 stripe_count=3 chains=1,2,3"   (chains only when the layout has some,
 //        i.e. on files; a directory's stripe_count 0 means "all chains")
@@ -8,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -22,6 +24,20 @@ inline constexpr std::string_view kLayoutXattr = "user.penstock.layout";
 // way to the disks (Client::drop_caches): the mount's chunk cache and every data server's caches.
 // Root or the mount's owner only (EPERM otherwise); reading it gives ENODATA; never stored or listed.
 inline constexpr std::string_view kDropCachesXattr = "user.penstock.drop_caches";
+// Reading this virtual xattr on any inode of a mount gives the mount's counters since it started
+// (format_counters); setting or removing it gives EPERM; never stored or listed.
+inline constexpr std::string_view kStatsXattr = "user.penstock.stats";
+
+// One counter of a mount (kStatsXattr).
+struct Counter {
+  std::string_view name;
+  uint64_t value = 0;
+};
+// "name value\n" per counter, in the order given: `getfattr --only-values -n user.penstock.stats`.
+std::string format_counters(std::span<const Counter> counters);
+// The longest text format_counters() can give for these names (every value at 20 digits): the
+// size a getxattr probe is told, so the read that follows fits although the counters moved on.
+size_t max_counters_size(std::span<const Counter> counters);
 
 // A parsed `set` request: the keys that were given. At least one is present.
 struct LayoutSpec {

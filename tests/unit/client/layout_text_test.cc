@@ -1,5 +1,8 @@
 #include "client/lib/layout_text.h"
 
+#include <cstdint>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 namespace penstock::client {
@@ -94,6 +97,17 @@ TEST(ParseLayoutSpec, RejectsBadInput) {
     EXPECT_EQ(r.error().code(), Code::kInvalid) << text;
     EXPECT_FALSE(r.error().message().empty()) << text;
   }
+}
+
+// user.penstock.stats: one "name value" line per counter, and a probe size no later read outgrows.
+TEST(MountCounters, OneLinePerCounterAndAProbeSizeNoValueOutgrows) {
+  std::vector<Counter> counters{{"cache_hits", 12}, {"cache_misses", 0}};
+  EXPECT_EQ(format_counters(counters), "cache_hits 12\ncache_misses 0\n");
+  EXPECT_EQ(format_counters({}), "");
+  const size_t probe = max_counters_size(counters);
+  counters[0].value = UINT64_MAX;
+  counters[1].value = UINT64_MAX;
+  EXPECT_EQ(format_counters(counters).size(), probe);
 }
 
 }  // namespace
