@@ -1,6 +1,7 @@
 #include "client/lib/read_ahead.h"
 
 #include <algorithm>
+#include <iterator>
 
 namespace penstock::client {
 
@@ -23,7 +24,7 @@ ReadAdvice StreamDetector::on_read(uint64_t offset, uint64_t length) {
   Stream* match = nullptr;
   for (Stream& s : streams_) {
     if (!s.used) continue;
-    // Continues the stream: starts at most `slack` past where it ended and does not lie wholly
+    // Belongs to the stream: starts at most `slack` past where it ended and does not lie wholly
     // before it by more than `slack` (reordered concurrent reads of one stream).
     const bool after_ok = offset <= s.next + options_.slack;
     const bool before_ok = end + options_.slack >= s.next;
@@ -45,26 +46,33 @@ ReadAdvice StreamDetector::on_read(uint64_t offset, uint64_t length) {
     *victim = Stream{};
     victim->used = true;
     victim->next = end;
-    victim->hits = 1;
     victim->prefetched_end = end;
     victim->last_use = clock_;
+    victim->recent_ends[0] = end;
+    victim->ends_at = 1;
     // A read from the very start of the file is the start of a sequential read in practice (and
     // for a small file the only read): fetch ahead at once.
-    if (offset == 0) victim->window = std::min(options_.initial_window, options_.max_window);
+    if (offset == 0) {
+      victim->confirmed = true;
+      victim->window = std::min(options_.initial_window, options_.max_window);
+    }
     match = victim;
-    advice.sequential = offset == 0;
   } else {
     Stream& s = *match;
+    // Continues the stream only when it starts where one of its recent reads ended: concurrent
+    // FUSE reads of one stream arrive reordered, but each starts on another one's end.
+    const bool continues = offset == s.next || std::find(std::begin(s.recent_ends), std::end(s.recent_ends),
+                                                         offset) != std::end(s.recent_ends);
     s.last_use = clock_;
     s.next = std::max(s.next, end);
-    ++s.hits;
-    if (s.window == 0) {
-      s.window = std::min(options_.initial_window, options_.max_window);
-    } else {
-      s.window = std::min(options_.max_window, s.window * 2);
+    s.recent_ends[s.ends_at++ % kRecentEnds] = end;
+    if (continues && !s.confirmed && ++s.continued >= kConfirmations) s.confirmed = true;
+    if (continues && s.confirmed) {
+      s.window = s.window == 0 ? std::min(options_.initial_window, options_.max_window)
+                               : std::min(options_.max_window, s.window * 2);
     }
-    advice.sequential = true;
   }
+  advice.sequential = match->confirmed;
   Stream& s = *match;
   advice.window = s.window;
   if (s.window == 0) return advice;
