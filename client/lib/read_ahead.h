@@ -2,9 +2,10 @@
 // and keeps a few stream trackers, so that a record reader and a random sampler on the same handle
 // do not disturb each other: each read either belongs to a tracked stream (it lies within `slack`
 // of where the stream ended) or replaces the least recently used tracker. Only a read that starts
-// exactly where one of the stream's recent reads ended continues it: a stream's window opens at
-// `initial_window` after two such reads (at once for a stream that starts at offset 0) and doubles
-// on each one after, up to `max_window`. Random reads get no window and no read-ahead, also those
+// exactly where one of the stream's recent reads ended continues it (and is matched to that
+// stream first): a stream is sequential after two such reads, or once it reads offset 0; its
+// window then opens at `initial_window` and doubles on each read that goes forward, up to
+// `max_window`. Random reads get no window and no read-ahead, also those
 // that land near each other: a sampler's read rarely starts on another read's end, and the kernel
 // turns one that overlaps a cached sample into a read from that sample's end, which happens once.
 // Pure logic (no I/O). Thread-safety: not thread-safe; the owner serializes calls (a mutex per
@@ -47,18 +48,22 @@ class StreamDetector {
   size_t tracked_streams() const;
 
  private:
-  static constexpr size_t kRecentEnds = 4;  // a READ may overtake this many of its stream's others
+  static constexpr size_t kRecentEnds = 8;  // a READ may overtake this many of its stream's others
   static constexpr uint32_t kConfirmations = 2;  // continuing reads before a window opens
+  static constexpr uint64_t kNoEnd = UINT64_MAX;
   struct Stream {
     bool used = false;
     uint64_t next = 0;             // the furthest end of the stream's reads
     uint64_t window = 0;
     uint64_t prefetched_end = 0;   // end of what was already handed out for prefetch
     uint64_t last_use = 0;
-    bool confirmed = false;        // sequential: started at 0, or continued kConfirmations times
+    bool confirmed = false;        // sequential: read at offset 0, or continued kConfirmations times
     uint32_t continued = 0;        // reads that started on a recent end
-    uint64_t recent_ends[kRecentEnds] = {};  // ends of the stream's latest reads (a ring)
-    size_t ends_at = 0;
+    uint64_t recent_ends[kRecentEnds] = {kNoEnd, kNoEnd, kNoEnd, kNoEnd, kNoEnd, kNoEnd, kNoEnd, kNoEnd};
+    static_assert(kRecentEnds == 8, "recent_ends' initializer names every slot");
+    size_t ends_at = 0;            // next slot of recent_ends (a ring of the latest reads' ends)
+    // Whether a read at `offset` starts where one of the stream's recent reads ended.
+    bool ends_at_offset(uint64_t offset) const;
   };
   ReadAheadOptions options_;
   std::vector<Stream> streams_;

@@ -557,6 +557,7 @@ TEST_F(MountTest, OpensByPathTakeTheOpenTicketOfTheirLookup) {
     ASSERT_TRUE(write_file(cluster.mount_path() + "/f" + std::to_string(i), pattern(5000 + i, 0, i)));
   }
   const std::map<std::string, uint64_t> before = mount_counters(cluster.mount_path());
+  ASSERT_EQ(before.count("open_tickets_taken"), 1u);
   for (int i = 0; i < kFiles; ++i) {
     std::string back;
     ASSERT_TRUE(read_file(cluster.mount_path() + "/f" + std::to_string(i), &back));

@@ -87,6 +87,45 @@ TEST(StreamDetector, AReorderedStreamNotAtZeroIsFoundOnReadsThatStartOnAnotherOn
   EXPECT_TRUE(d.on_read(base + 4 * k, k).sequential);
 }
 
+// Reads of one stream that overtake each other by more than the slack (an O_DIRECT read of
+// several MiB reaches the mount as 1 MiB READs in any order) leave two trackers at first; each
+// READ still starts on another one's end, and the stream is found.
+TEST(StreamDetector, AStreamReorderedBeyondTheSlackIsFound) {
+  StreamDetector d(opts());
+  const uint64_t base = 10 * kMiB;
+  EXPECT_FALSE(d.on_read(base + 2 * kMiB, kMiB).sequential);
+  EXPECT_FALSE(d.on_read(base, kMiB).sequential);
+  EXPECT_FALSE(d.on_read(base + 3 * kMiB, kMiB).sequential);
+  EXPECT_FALSE(d.on_read(base + kMiB, kMiB).sequential);
+  ReadAdvice a = d.on_read(base + 4 * kMiB, kMiB);
+  EXPECT_TRUE(a.sequential);
+  EXPECT_GT(a.prefetch_length, 0u);
+}
+
+// The READ at offset 0 may come second, after its successor made the tracker.
+TEST(StreamDetector, AReadAtZeroThatComesSecondStartsTheStream) {
+  StreamDetector d(opts());
+  EXPECT_FALSE(d.on_read(128 * 1024, 128 * 1024).sequential);
+  ReadAdvice a = d.on_read(0, 128 * 1024);
+  EXPECT_TRUE(a.sequential);
+  EXPECT_GT(a.prefetch_length, 0u);
+  EXPECT_TRUE(d.on_read(256 * 1024, 128 * 1024).sequential);
+}
+
+// A confirmed stream whose reads skip bytes (padding between records, pages the kernel had
+// cached) keeps growing its window.
+TEST(StreamDetector, AStreamThatSkipsBytesKeepsGrowingItsWindow) {
+  StreamDetector d(opts());
+  uint64_t off = 0;
+  ReadAdvice a;
+  for (int i = 0; i < 12; ++i) {
+    a = d.on_read(off, 128 * 1024);
+    EXPECT_TRUE(a.sequential) << i;
+    off += 128 * 1024 + 4096;
+  }
+  EXPECT_EQ(a.window, 8 * kMiB);
+}
+
 // A sampler's 128 KiB reads at random offsets of a 128 MiB file, as the kernel sends them to the
 // mount: only the pages it does not cache yet, so a sample that overlaps an earlier one is read
 // from that one's end. Counting every read within the slack of a stream's end as sequential (the
