@@ -5,9 +5,9 @@
 // exactly where one of the stream's recent reads ended continues it (and is matched to that
 // stream first): a stream is sequential after two such reads, or once it reads offset 0; its
 // window then opens at `initial_window` and doubles on each read that goes forward, up to
-// `max_window`. Random reads get no window and no read-ahead, also those
-// that land near each other: a sampler's read rarely starts on another read's end, and the kernel
-// turns one that overlaps a cached sample into a read from that sample's end, which happens once.
+// `max_window`. Random reads get no window and no read-ahead, also those that land near each
+// other: a sampler's read rarely starts on another read's end, and the kernel turns one that
+// overlaps a cached sample into a read from that sample's end, which happens once, not twice.
 // Pure logic (no I/O). Thread-safety: not thread-safe; the owner serializes calls (a mutex per
 // handle in Client's ReadContext).
 #pragma once
