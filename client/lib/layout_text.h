@@ -25,7 +25,8 @@ inline constexpr std::string_view kLayoutXattr = "user.penstock.layout";
 // Root or the mount's owner only (EPERM otherwise); reading it gives ENODATA; never stored or listed.
 inline constexpr std::string_view kDropCachesXattr = "user.penstock.drop_caches";
 // Reading this virtual xattr on any inode of a mount gives the mount's counters since it started
-// (format_counters); setting or removing it gives EPERM; never stored or listed.
+// and its chunk cache's current size (format_counters); setting or removing it gives EPERM; never
+// stored or listed.
 inline constexpr std::string_view kStatsXattr = "user.penstock.stats";
 
 // One counter of a mount (kStatsXattr).
