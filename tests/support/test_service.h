@@ -1,6 +1,7 @@
 // A test RPC service shared by the RPC and transport suites: Echo (text and bulk both ways),
 // InlineEcho (the same, run with rpc::Dispatch::kInline on the I/O thread), Sleep (a slow
-// handler, for deadlines) and Fail (any status with a text), on the data service id
+// handler, for deadlines), WaitingSleep (the same on the waiting pool, rpc::Dispatch::kWaiting)
+// and Fail (any status with a text), on the data service id
 // with method numbers no real method uses (1000+; 1999 is never registered).
 // Thread-safety: the handlers are stateless.
 #pragma once
@@ -49,6 +50,7 @@ PENSTOCK_METHOD(Echo, proto::ServiceId::kData, 1000, EchoReq, EchoResp);
 PENSTOCK_METHOD(Sleep, proto::ServiceId::kData, 1001, SleepReq, proto::Empty);
 PENSTOCK_METHOD(Fail, proto::ServiceId::kData, 1002, FailReq, proto::Empty);
 PENSTOCK_METHOD(InlineEcho, proto::ServiceId::kData, 1003, EchoReq, EchoResp);
+PENSTOCK_METHOD(WaitingSleep, proto::ServiceId::kData, 1004, SleepReq, proto::Empty);
 PENSTOCK_METHOD(NotRegistered, proto::ServiceId::kData, 1999, proto::Empty, proto::Empty);
 
 // Deterministic bytes whose value depends on the position (and `salt`), so a misplaced byte shows.
@@ -97,11 +99,13 @@ inline void expect_echo_works(rpc::RpcClient& client) {
 inline void register_test_service(rpc::RpcServer& server) {
   server.handle<Echo>(echo);
   server.handle<InlineEcho>(echo, rpc::Dispatch::kInline);
-  server.handle<Sleep>([](const SleepReq& req, rpc::RequestContext& ctx) -> Result<proto::Empty> {
+  auto sleep = [](const SleepReq& req, rpc::RequestContext& ctx) -> Result<proto::Empty> {
     std::this_thread::sleep_for(std::chrono::milliseconds(req.ms));
     if (req.reply_bulk_len > 0) ctx.bulk_out().assign(req.reply_bulk_len, 0xAB);
     return proto::Empty{};
-  });
+  };
+  server.handle<Sleep>(sleep);
+  server.handle<WaitingSleep>(sleep, rpc::Dispatch::kWaiting);
   server.handle<Fail>([](const FailReq& req, rpc::RequestContext&) -> Result<proto::Empty> {
     return Status(static_cast<Code>(req.code), req.text);
   });
