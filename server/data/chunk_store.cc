@@ -354,10 +354,14 @@ bool probe_direct(const std::string& dir, std::string* why) {
 }  // namespace
 
 std::string ChunkStoreOptions::describe_io() const {
-  if (direct_io) return "O_DIRECT for all chunk data";
-  if (direct_write_min == 0) return "the page cache for all chunk data";
-  return "O_DIRECT for writes of " + std::to_string(direct_write_min) +
-         " bytes or more, the page cache for smaller writes and all reads";
+  if (!any_direct()) return "the page cache for all chunk data";
+  std::string mode = direct_io ? "O_DIRECT for all chunk data"
+                               : "O_DIRECT for writes of " + std::to_string(direct_write_min) +
+                                     " bytes or more, the page cache for smaller writes and all reads";
+  if (write_piece_while_reading > 0) {
+    mode += "; while reads run, direct writes go in pieces of " + std::to_string(write_piece_while_reading) + " bytes";
+  }
+  return mode;
 }
 
 ChunkStore::ChunkStore(std::shared_ptr<Target> target, ChunkStoreOptions options)
@@ -615,16 +619,35 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
       buf = bounce;
     }
     ++(as_is ? unbounced_writes_ : bounced_writes_);
-    std::vector<IoOp> ops{table_write};
-    if (direct_end > a) {
-      ops.push_back(IoOp::write(c.file->direct.get(), c.header().data_offset + a,
-                                {std::span<const uint8_t>(buf.data(), direct_end - a)}));
+    // The aligned blocks go down whole, or in pieces one after another while reads of this target
+    // are recent (write_piece_while_reading); the table goes with the first part, linked before
+    // it, and the buffered tail after the last.
+    const uint64_t piece = options_.write_piece_while_reading / kB * kB;  // whole blocks, as O_DIRECT moves them
+    uint64_t done = a;
+    bool first = true;
+    bool split = false;
+    while (st.is_ok() && (first || done < direct_end)) {
+      uint64_t n = direct_end - done;
+      if (piece > 0 && n > piece && recent_reads_.recent()) {
+        n = piece;
+        split = true;
+      }
+      std::vector<IoOp> ops;
+      if (first) ops.push_back(table_write);
+      if (n > 0) {
+        ops.push_back(IoOp::write(c.file->direct.get(), c.header().data_offset + done,
+                                  {std::span<const uint8_t>(buf.data() + (done - a), n)}));
+      }
+      st = run_io(ops, true);
+      first = false;
+      done += n;
     }
-    if (content_end > direct_end) {
-      ops.push_back(IoOp::write(fd, c.header().data_offset + direct_end,
-                                {std::span<const uint8_t>(buf.data() + (direct_end - a), content_end - direct_end)}));
+    if (split) ++writes_in_pieces_;
+    if (st.is_ok() && content_end > direct_end) {
+      IoOp tail = IoOp::write(fd, c.header().data_offset + direct_end,
+                              {std::span<const uint8_t>(buf.data() + (direct_end - a), content_end - direct_end)});
+      st = run_io(std::span<IoOp>(&tail, 1), false);
     }
-    st = run_io(ops, true);
   }
   if (!st.is_ok()) return st.with_context("writing " + path);
   if (created) remember(ino, chunk_index, std::move(c.file));
@@ -659,6 +682,8 @@ Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(Inode
                                                                          uint32_t length) {
   auto inode_guard = inode_locks_.lock_shared(ino.value);
   auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
+  // Counts until the bytes are staged: held by the range's keep, since the staging comes later.
+  RecentReads::Scope reading = recent_reads_.start();
   uint64_t chunk_len = 0;
   bool read_started = false;
   PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file,
@@ -689,7 +714,11 @@ Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(Inode
   r.fd = c.fd();
   r.file_offset = c.header().data_offset + offset;
   r.length = static_cast<uint32_t>(n);
-  r.keep = std::move(file);
+  struct Keep {
+    std::shared_ptr<ChunkFile> file;
+    RecentReads::Scope reading;
+  };
+  r.keep = std::make_shared<const Keep>(Keep{std::move(file), std::move(reading)});
   return std::optional<UnreadRange>(std::move(r));
 }
 
@@ -697,6 +726,7 @@ Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t ch
                                   std::span<uint8_t> out) {
   auto inode_guard = inode_locks_.lock_shared(ino.value);
   auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
+  RecentReads::Scope reading = recent_reads_.start();
   uint64_t chunk_len = 0;
   PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file,
                             open_for_read(ino, chunk_index, chunk_size, offset, out.size(), &chunk_len));

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <list>
 #include <map>
@@ -42,6 +43,7 @@
 #include "common/base/ids.h"
 #include "common/base/result.h"
 #include "server/data/lock_table.h"
+#include "server/data/recent_reads.h"
 #include "server/data/target.h"
 
 namespace penstock::data {
@@ -49,6 +51,9 @@ namespace penstock::data {
 // penstock-data's default for ChunkStoreOptions::direct_write_min (--direct-write-min): a
 // checkpoint's chunk-sized writes go direct, small files and partial updates stay buffered.
 inline constexpr uint32_t kDefaultDirectWriteMin = 1u << 20;
+// penstock-data's default for ChunkStoreOptions::write_piece_while_reading
+// (--write-piece-while-reading): a piece is ~0.5 ms of a disk writing 1 GB/s.
+inline constexpr uint32_t kDefaultWritePieceWhileReading = 512u << 10;
 
 struct ChunkStoreOptions {
   // Open chunk files kept (LRU); 0 opens and closes the file on every request. Fixed at start.
@@ -58,6 +63,11 @@ struct ChunkStoreOptions {
   // Writes of at least this many bytes move their data with O_DIRECT even when direct_io is off;
   // smaller writes and all reads stay buffered. 0: never. Fixed at start.
   uint32_t direct_write_min = 0;
+  // While reads of the target are in progress or ended less than `read_hold` ago, an O_DIRECT
+  // write goes to the disk in pieces of this many bytes, one after another, so a read queues at
+  // the disk behind one piece of each write instead of all of it; 0: writes always go whole.
+  uint32_t write_piece_while_reading = 0;
+  std::chrono::milliseconds read_hold{20};
 
   // Whether some chunk data may move with O_DIRECT (each cached file then may hold two descriptors).
   bool any_direct() const { return direct_io || direct_write_min > 0; }
@@ -145,6 +155,11 @@ class ChunkStore {
   // and those written from the caller's memory as it was (tests).
   uint64_t bounced_writes() const { return bounced_writes_.load(); }
   uint64_t unbounced_writes() const { return unbounced_writes_.load(); }
+  // O_DIRECT writes that went in pieces because reads were recent (tests).
+  uint64_t writes_in_pieces() const { return writes_in_pieces_.load(); }
+  // Reads of this target in progress; a range read_unverified() returned counts until its keep is
+  // dropped (tests).
+  int reads_in_progress() const { return recent_reads_.in_progress(); }
 
   struct ChunkFile;  // an open chunk file (chunk_store.cc)
   // The range of a chunk a read asks for: what a cold open starts reading from disk at once.
@@ -191,6 +206,8 @@ class ChunkStore {
   std::atomic<uint64_t> bounced_writes_{0};
   std::atomic<uint64_t> unbounced_writes_{0};
   std::atomic<bool> direct_warned_{false};
+  std::atomic<uint64_t> writes_in_pieces_{0};
+  RecentReads recent_reads_{options_.read_hold};
 
   struct FdEntry {
     std::shared_ptr<ChunkFile> file;

@@ -43,7 +43,8 @@ struct DataServerOptions {
   // RDMA listener beside TCP, same host and port number: kAuto when this host has an RDMA device.
   rpc::RdmaMode rdma = rpc::RdmaMode::kAuto;
   // Open-file cache size and O_DIRECT, for every target; large writes direct as in the daemon.
-  ChunkStoreOptions store{.direct_write_min = kDefaultDirectWriteMin};
+  ChunkStoreOptions store{.direct_write_min = kDefaultDirectWriteMin,
+                          .write_piece_while_reading = kDefaultWritePieceWhileReading};
 };
 
 class DataServer {

@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   size_t fd_cache = 1024;
   bool direct_io = false;
   std::string direct_write_min = std::to_string(data::kDefaultDirectWriteMin);
+  std::string write_piece = std::to_string(data::kDefaultWritePieceWhileReading);
   app.set_config("--config", "", "TOML file with any of the options below (keys without the dashes, e.g. "
                                  "target = [\"/nvme0/penstock\"]); command-line flags win");
   app.add_option("--listen", listen,
@@ -82,6 +83,11 @@ int main(int argc, char** argv) {
                  "O_DIRECT while smaller writes and all reads use the page cache: a checkpoint's streaming "
                  "writes reach the disk as they arrive instead of waiting for fsync, and leave nothing "
                  "dirty; 0 turns it off (default 1M)");
+  app.add_option("--write-piece-while-reading", write_piece,
+                 "while reads of a target are in progress (or ended under 20 ms ago), its O_DIRECT writes go "
+                 "to the disk in pieces of this size, one after another, so training reads queue behind one "
+                 "piece of a checkpoint write instead of all of it (K/M suffixes; 0: writes always go whole; "
+                 "default 512K)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -112,6 +118,13 @@ int main(int argc, char** argv) {
   }
   options.store.direct_io = direct_io;
   options.store.direct_write_min = static_cast<uint32_t>(*write_min);
+  auto piece = parse_byte_size(write_piece);
+  if (!piece.has_value()) return fail("--write-piece-while-reading: " + piece.error().message());
+  if (*piece != 0 && (*piece < 4096 || *piece % 4096 != 0 || *piece > (uint64_t{1} << 30))) {
+    return fail("--write-piece-while-reading " + write_piece +
+                " must be a multiple of 4K between 4K and 1G (O_DIRECT moves whole blocks), or 0");
+  }
+  options.store.write_piece_while_reading = static_cast<uint32_t>(*piece);
   options.store.fd_cache = fit_fd_cache(fd_cache, targets.size(), options.store.any_direct());
 
   // Before any thread starts, so that every thread inherits the blocked signal mask.

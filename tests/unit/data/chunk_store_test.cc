@@ -708,6 +708,51 @@ TEST(ChunkStoreDirectWrites, LargeWritesBypassThePageCacheSmallWritesAndReadsUse
   EXPECT_EQ(back, small);
 }
 
+// write_piece_while_reading: a direct write goes in pieces only while a read of the target is in
+// progress (here a range read_unverified() returned, which counts until its keep is dropped, as
+// the bytes are staged after the call), and the bytes come out the same either way, a partial
+// last block (through the buffered descriptor) included.
+TEST(ChunkStoreDirectWrites, WritesGoInPiecesOnlyWhileAReadIsInProgress) {
+  TempDir dir;
+  auto t = Target::open(dir.path());
+  ASSERT_TRUE(t.has_value()) << t.status().to_string();
+  ChunkStoreOptions o;
+  o.direct_write_min = 1u << 20;
+  o.write_piece_while_reading = 512u << 10;
+  o.read_hold = std::chrono::milliseconds(0);
+  ChunkStore store(std::shared_ptr<Target>(std::move(*t)), o);
+  const auto whole = pattern(2u << 20, 11);
+  ASSERT_TRUE(store.write(kIno, 0, kChunk4M, 0, whole).has_value());
+  if (!store.direct_writes_active()) GTEST_SKIP() << "O_DIRECT is refused by $TMPDIR's file system; only direct writes go in pieces";
+  EXPECT_EQ(store.writes_in_pieces(), 0u) << "a write went in pieces with no read around";
+
+  std::vector<uint8_t> back(whole.size());
+  ASSERT_TRUE(store.read(kIno, 0, kChunk4M, 0, back).has_value());
+  EXPECT_EQ(back, whole);
+  EXPECT_EQ(store.reads_in_progress(), 0) << "read() left its read counted";
+  auto unread = store.read_unverified(kIno, 0, kChunk4M, 0, kChunk4M);
+  ASSERT_TRUE(unread.has_value() && unread->has_value()) << "an aligned range must be sendable unread";
+  EXPECT_EQ(store.reads_in_progress(), 1) << "the range stopped counting before its bytes were staged";
+
+  // 2 MiB + 4 KiB + 100 bytes: four pieces, one more block, and a partial block at the end.
+  const auto pieces = pattern((2u << 20) + 4096 + 100, 12);
+  ASSERT_TRUE(store.write(kIno, 1, kChunk4M, 0, pieces).has_value());
+  EXPECT_EQ(store.writes_in_pieces(), 1u);
+  (*unread)->keep.reset();
+  EXPECT_EQ(store.reads_in_progress(), 0);
+  const auto after = pattern(3u << 20, 13);
+  ASSERT_TRUE(store.write(kIno, 2, kChunk4M, 0, after).has_value());
+  EXPECT_EQ(store.writes_in_pieces(), 1u) << "writes still went in pieces after the read ended";
+
+  for (const auto& [index, expect] : {std::pair<uint64_t, const std::vector<uint8_t>*>{1, &pieces}, {2, &after}}) {
+    std::vector<uint8_t> got(kChunk4M);
+    auto n = store.read(kIno, index, kChunk4M, 0, got);
+    ASSERT_TRUE(n.has_value()) << n.status().to_string();
+    got.resize(*n);
+    EXPECT_EQ(got, *expect) << "chunk " << index;
+  }
+}
+
 // Disk full: a small tmpfs is filled until writes fail; the failing write and every later one must
 // leave existing chunk bytes as they were. Needs root for mount(2).
 class ChunkStoreNoSpace : public ::testing::Test {
