@@ -76,6 +76,37 @@ uint64_t cached_pages(int fd) {
   return n;
 }
 
+// cachestat(2) (Linux 6.5; the number is the same on every architecture), which Debian 12's
+// headers do not declare yet.
+constexpr long kSysCachestat = 451;
+struct CachestatRange {
+  uint64_t off;
+  uint64_t len;
+};
+struct Cachestat {
+  uint64_t nr_cache;
+  uint64_t nr_dirty;
+  uint64_t nr_writeback;
+  uint64_t nr_evicted;
+  uint64_t nr_recently_evicted;
+};
+std::atomic<bool> g_cachestat_works{true};
+
+// Whether every page of [offset, offset + length) of `fd` is in the page cache. False when some
+// are not, and when the kernel cannot tell (an older kernel, a seccomp filter).
+bool range_cached(int fd, uint64_t offset, uint64_t length) {
+  if (length == 0) return true;
+  if (!g_cachestat_works.load(std::memory_order_relaxed)) return false;
+  CachestatRange range{offset, length};
+  Cachestat cs{};
+  if (::syscall(kSysCachestat, fd, &range, &cs, 0) != 0) {
+    if (errno == ENOSYS || errno == EPERM) g_cachestat_works.store(false, std::memory_order_relaxed);
+    return false;
+  }
+  const uint64_t page = 4096;
+  return cs.nr_cache >= (offset + length + page - 1) / page - offset / page;
+}
+
 // The names in `dir` but "." and "..", and but every other dot-name too unless `all`; std::nullopt,
 // with errno set, when it cannot be opened.
 std::optional<std::vector<std::string>> entry_names(const std::string& dir, bool all = false) {
@@ -626,9 +657,10 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
     uint64_t done = a;
     bool first = true;
     bool split = false;
+    uint64_t parts = 0;
     while (st.is_ok() && (first || done < direct_end)) {
       uint64_t n = direct_end - done;
-      if (piece > 0 && n > piece && recent_reads_.recent()) {
+      if (piece > 0 && n > piece && recent_reads_->recent()) {
         n = piece;
         split = true;
       }
@@ -637,12 +669,13 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
       if (n > 0) {
         ops.push_back(IoOp::write(c.file->direct.get(), c.header().data_offset + done,
                                   {std::span<const uint8_t>(buf.data() + (done - a), n)}));
+        ++parts;
       }
       st = run_io(ops, true);
       first = false;
       done += n;
     }
-    if (split) ++writes_in_pieces_;
+    if (split) write_pieces_ += parts;
     if (st.is_ok() && content_end > direct_end) {
       IoOp tail = IoOp::write(fd, c.header().data_offset + direct_end,
                               {std::span<const uint8_t>(buf.data() + (direct_end - a), content_end - direct_end)});
@@ -652,6 +685,14 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
   if (!st.is_ok()) return st.with_context("writing " + path);
   if (created) remember(ino, chunk_index, std::move(c.file));
   return new_len;
+}
+
+RecentReads::Scope ChunkStore::count_disk_read(const ChunkFile& file, uint64_t file_offset, uint64_t length,
+                                               bool opened_cold) {
+  if (opened_cold || reads_direct(file) || !range_cached(file.fd.get(), file_offset, length)) {
+    return recent_reads_->start();
+  }
+  return RecentReads::Scope();
 }
 
 // The start of every read: checks the range and opens the chunk; an empty file (no ChunkFile) when
@@ -682,8 +723,6 @@ Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(Inode
                                                                          uint32_t length) {
   auto inode_guard = inode_locks_.lock_shared(ino.value);
   auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
-  // Counts until the bytes are staged: held by the range's keep, since the staging comes later.
-  RecentReads::Scope reading = recent_reads_.start();
   uint64_t chunk_len = 0;
   bool read_started = false;
   PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file,
@@ -697,6 +736,8 @@ Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(Inode
   const OpenChunk c{file, chunk_len};
   const uint64_t first_b = offset / kB;
   const uint64_t nb = (n + kB - 1) / kB;
+  // Counts until the bytes are staged: held by the range's keep, since the staging comes later.
+  RecentReads::Scope reading = count_disk_read(*file, c.header().data_offset + offset, n, read_started);
   // Start reading the bytes from disk now, so a cold read waits for the table and the data at
   // once rather than one after the other (the splice comes later); a no-op when they are cached,
   // and already done when this read opened the file.
@@ -714,11 +755,12 @@ Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(Inode
   r.fd = c.fd();
   r.file_offset = c.header().data_offset + offset;
   r.length = static_cast<uint32_t>(n);
-  struct Keep {
+  struct Keep {  // members end in reverse: the read's count first, then its counter, then the file
     std::shared_ptr<ChunkFile> file;
+    std::shared_ptr<RecentReads> counter;
     RecentReads::Scope reading;
   };
-  r.keep = std::make_shared<const Keep>(Keep{std::move(file), std::move(reading)});
+  r.keep = std::make_shared<const Keep>(Keep{std::move(file), recent_reads_, std::move(reading)});
   return std::optional<UnreadRange>(std::move(r));
 }
 
@@ -726,10 +768,10 @@ Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t ch
                                   std::span<uint8_t> out) {
   auto inode_guard = inode_locks_.lock_shared(ino.value);
   auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
-  RecentReads::Scope reading = recent_reads_.start();
   uint64_t chunk_len = 0;
-  PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file,
-                            open_for_read(ino, chunk_index, chunk_size, offset, out.size(), &chunk_len));
+  bool read_started = false;
+  PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file, open_for_read(ino, chunk_index, chunk_size, offset,
+                                                                           out.size(), &chunk_len, &read_started));
   if (file == nullptr || offset >= chunk_len || out.empty()) return 0u;
   const OpenChunk c{std::move(file), chunk_len};
   const uint64_t off = offset;
@@ -739,6 +781,8 @@ Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t ch
   const uint64_t nb = last_b - first_b + 1;
   const uint64_t span_start = first_b * kB;
   const uint64_t span_end = std::min(last_b * kB + kB, c.length);
+  const RecentReads::Scope reading =
+      count_disk_read(*c.file, c.header().data_offset + span_start, span_end - span_start, read_started);
   std::vector<uint8_t> table(nb * kTableEntrySize);
   std::span<uint8_t> body = out.first(n);
 

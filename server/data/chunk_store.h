@@ -63,9 +63,10 @@ struct ChunkStoreOptions {
   // Writes of at least this many bytes move their data with O_DIRECT even when direct_io is off;
   // smaller writes and all reads stay buffered. 0: never. Fixed at start.
   uint32_t direct_write_min = 0;
-  // While reads of the target are in progress or ended less than `read_hold` ago, an O_DIRECT
-  // write goes to the disk in pieces of this many bytes, one after another, so a read queues at
-  // the disk behind one piece of each write instead of all of it; 0: writes always go whole.
+  // While reads of the target that wait for the disk are in progress, or one ended less than
+  // `read_hold` ago, an O_DIRECT write goes to the disk in pieces of this many bytes (whole
+  // blocks), one after another, so a read queues at the disk behind one piece of each write
+  // instead of all of it; 0: writes always go whole. Both fixed at start.
   uint32_t write_piece_while_reading = 0;
   std::chrono::milliseconds read_hold{20};
 
@@ -103,7 +104,7 @@ class ChunkStore {
 
   // A range to send without reading it (rpc::FileBulk) for the receiver to verify.
   struct UnreadRange {
-    std::shared_ptr<const void> keep;  // keeps `fd` open
+    std::shared_ptr<const void> keep;  // keeps `fd` open, and the read counted until the bytes are staged
     int fd = -1;
     uint64_t file_offset = 0;          // of the range's first byte in the chunk file
     uint32_t length = 0;               // 0: a hole (no chunk, or the offset is at/after its end)
@@ -155,11 +156,12 @@ class ChunkStore {
   // and those written from the caller's memory as it was (tests).
   uint64_t bounced_writes() const { return bounced_writes_.load(); }
   uint64_t unbounced_writes() const { return unbounced_writes_.load(); }
-  // O_DIRECT writes that went in pieces because reads were recent (tests).
-  uint64_t writes_in_pieces() const { return writes_in_pieces_.load(); }
-  // Reads of this target in progress; a range read_unverified() returned counts until its keep is
-  // dropped (tests).
-  int reads_in_progress() const { return recent_reads_.in_progress(); }
+  // The pieces of the O_DIRECT writes that went in pieces because reads were recent, the last,
+  // shorter one of each included (tests).
+  uint64_t write_pieces() const { return write_pieces_.load(); }
+  // Reads of this target in progress that wait for the disk; a range read_unverified() returned
+  // counts until its keep is dropped (tests).
+  int reads_in_progress() const { return recent_reads_->in_progress(); }
 
   struct ChunkFile;  // an open chunk file (chunk_store.cc)
   // The range of a chunk a read asks for: what a cold open starts reading from disk at once.
@@ -199,6 +201,10 @@ class ChunkStore {
   void open_direct(ChunkFile& file, const std::string& path);
   // Whether reads of `file` go through its O_DIRECT descriptor (direct_io mode only).
   bool reads_direct(const ChunkFile& file) const;
+  // Counts a read of bytes [file_offset, file_offset + length) of `file` in recent_reads_ while the
+  // returned scope lives, when it waits for the disk: a file the read opened (`opened_cold`, whose
+  // bytes the open started reading), an O_DIRECT read, or pages not all in the page cache.
+  RecentReads::Scope count_disk_read(const ChunkFile& file, uint64_t file_offset, uint64_t length, bool opened_cold);
 
   std::shared_ptr<Target> target_;
   const ChunkStoreOptions options_;
@@ -206,8 +212,9 @@ class ChunkStore {
   std::atomic<uint64_t> bounced_writes_{0};
   std::atomic<uint64_t> unbounced_writes_{0};
   std::atomic<bool> direct_warned_{false};
-  std::atomic<uint64_t> writes_in_pieces_{0};
-  RecentReads recent_reads_{options_.read_hold};
+  std::atomic<uint64_t> write_pieces_{0};
+  // Shared with the keep of every range read_unverified() returned, which may outlive this store.
+  const std::shared_ptr<RecentReads> recent_reads_ = std::make_shared<RecentReads>(options_.read_hold);
 
   struct FdEntry {
     std::shared_ptr<ChunkFile> file;

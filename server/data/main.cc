@@ -12,6 +12,7 @@
 #include "common/base/byte_size.h"
 #include "common/base/log.h"
 #include "server/daemon/daemon.h"
+#include "server/data/chunk_format.h"
 #include "server/data/data_server.h"
 
 namespace {
@@ -84,10 +85,10 @@ int main(int argc, char** argv) {
                  "writes reach the disk as they arrive instead of waiting for fsync, and leave nothing "
                  "dirty; 0 turns it off (default 1M)");
   app.add_option("--write-piece-while-reading", write_piece,
-                 "while reads of a target are in progress (or ended under 20 ms ago), its O_DIRECT writes go "
+                 "while reads of a target wait for its disk (or did under 20 ms ago), its O_DIRECT writes go "
                  "to the disk in pieces of this size, one after another, so training reads queue behind one "
-                 "piece of a checkpoint write instead of all of it (K/M suffixes; 0: writes always go whole; "
-                 "default 512K)");
+                 "piece of a checkpoint write instead of all of it (a multiple of 4K, K/M suffixes; 0: writes "
+                 "always go whole; default 512K)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -120,7 +121,8 @@ int main(int argc, char** argv) {
   options.store.direct_write_min = static_cast<uint32_t>(*write_min);
   auto piece = parse_byte_size(write_piece);
   if (!piece.has_value()) return fail("--write-piece-while-reading: " + piece.error().message());
-  if (*piece != 0 && (*piece < 4096 || *piece % 4096 != 0 || *piece > (uint64_t{1} << 30))) {
+  const uint64_t block = data::kBlockSize;
+  if (*piece != 0 && (*piece < block || *piece % block != 0 || *piece > (uint64_t{1} << 30))) {
     return fail("--write-piece-while-reading " + write_piece +
                 " must be a multiple of 4K between 4K and 1G (O_DIRECT moves whole blocks), or 0");
   }

@@ -2,12 +2,15 @@
 //
 // The chunk store asks it before each part of an O_DIRECT write: while reads are recent, a write
 // goes to the disk in pieces, one after another, instead of whole (ChunkStoreOptions::
-// write_piece_while_reading). A read counts from before its disk request is issued until its bytes
-// are in memory (copied, or staged in a pipe for the socket). The `hold` after the last read is
+// write_piece_while_reading). The chunk store counts only reads that wait for the disk, from
+// before their disk request until their bytes are in memory (copied, or staged in a pipe for the
+// socket). The `hold` after the last read is
 // there because a training job's reads come one after another with short gaps (each reader is in
 // its mount or at another data server between two of them); a write that starts in such a gap
 // would otherwise go down whole.
 //
+// Ownership: a Scope points at its RecentReads, which must outlive it; ChunkStore holds its one by
+// shared_ptr and gives a copy to every range it returns with a Scope in it.
 // Thread-safety: every method may be called from any thread at once (atomics only).
 #pragma once
 

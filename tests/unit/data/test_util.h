@@ -6,8 +6,10 @@
 #include <linux/fs.h>
 #include <stdlib.h>
 #include <sys/ioctl.h>
+#include <sys/utsname.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 #include <random>
@@ -40,6 +42,15 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// Whether the running kernel is at least major.minor (uname's release, e.g. "6.18.0-...").
+inline bool kernel_at_least(int major, int minor) {
+  utsname u{};
+  int ma = 0;
+  int mi = 0;
+  if (::uname(&u) != 0 || std::sscanf(u.release, "%d.%d", &ma, &mi) != 2) return false;
+  return ma > major || (ma == major && mi >= minor);
+}
 
 // How many runs of physically contiguous disk blocks hold bytes [0, end) of the open file `fd`
 // (FIEMAP); nullopt when the file system cannot say (tmpfs).
