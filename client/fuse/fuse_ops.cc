@@ -78,6 +78,11 @@ struct FileHandle {
   std::mutex layout_mu;
   std::atomic<uint64_t> size_hint{0};  // the size known at open (or after our own truncate)
   bool keep_cache = false;             // the kernel may keep its pages (see kKeepCacheWhenUnchanged)
+  // The file's version at this open, and whether a request on the handle has told the client that
+  // the open completed (note_open_completed), for an open that had the kernel drop its pages.
+  uint64_t generation = 0;
+  int64_t mtime_ns = 0;
+  std::atomic<bool> completion_noted{false};
   bool writable = true;                // opened for writing: its close flushes (kNoFlushForReadOnly)
   client::WriteCursor write_cursor;    // this handle's place in the file's write errors
   std::unique_ptr<client::ReadContext> read_ctx;  // cache generation and read-ahead streams
@@ -95,6 +100,13 @@ Client& client_of(fuse_req_t req) { return *static_cast<MountState*>(fuse_req_us
 
 FileHandle* file_of(const fuse_file_info* fi) { return reinterpret_cast<FileHandle*>(fi->fh); }
 DirHandle* dir_of(const fuse_file_info* fi) { return reinterpret_cast<DirHandle*>(fi->fh); }
+
+// A request on `fh` shows that its open completed in the kernel, which dropped the file's pages
+// then if the open asked it to (keep_cache off): opens of that version may now keep them.
+void note_open_completed(fuse_req_t req, FileHandle* fh) {
+  if (fh->keep_cache || fh->completion_noted.exchange(true)) return;
+  client_of(req).note_open_completed(fh->ino, fh->generation, fh->mtime_ns);
+}
 
 // The handle's layout, fetched first for a file created behind.
 Result<const proto::Layout*> layout_of(fuse_req_t req, FileHandle* fh) {
@@ -486,6 +498,8 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   fh->layout = r->layout;
   fh->size_hint.store(r->size);
   fh->keep_cache = unchanged;
+  fh->generation = r->generation;
+  fh->mtime_ns = r->mtime_ns;
   fh->read_ctx = c.make_read_context(r->generation);
   reply_open_handle(req, fi, std::move(fh), nullptr);
 }
@@ -529,6 +543,7 @@ void reply_read(fuse_req_t req, fuse_ino_t ino, const Result<size_t>& r, const c
 
 void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   FileHandle* fh = file_of(fi);
+  note_open_completed(req, fh);
   // Bytes the cache holds are replied straight from the cached blocks (an iovec the kernel copies
   // once); only bytes read directly land in this per-thread scratch buffer. `pieces` pins the
   // blocks until the reply has been written, and is emptied after it so no block stays pinned.
@@ -604,6 +619,7 @@ void op_write_buf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* in, off_t off, fu
 
 void op_flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   FileHandle* fh = file_of(fi);
+  note_open_completed(req, fh);
   reply_status(req, client_of(req).flush(fh->ino, &fh->write_cursor), "flush", ino);
 }
 

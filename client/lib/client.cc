@@ -672,15 +672,24 @@ Result<proto::InodeAttr> Client::open(InodeId ino, uint32_t flags, bool* unchang
   {
     std::lock_guard<std::mutex> lock(opened_mu_);
     auto it = opened_.find(ino);
-    same = it != opened_.end() && it->second.generation == r.generation && it->second.mtime_ns == r.mtime_ns;
+    const bool match = it != opened_.end() && it->second.generation == r.generation && it->second.mtime_ns == r.mtime_ns;
+    same = match && it->second.dropped;
     // A bounded memory of versions: forgetting only costs a cache drop at the next open.
     if (it == opened_.end() && opened_.size() >= (1u << 20)) opened_.clear();
-    opened_[ino] = OpenedVersion{r.generation, r.mtime_ns};
+    opened_[ino] = OpenedVersion{r.generation, r.mtime_ns, /*kernel_read=*/false, /*dropped=*/same};
   }
   // Our own unreported writes are in the kernel's pages but not in the meta generation: the
   // merged mtime covers them (it moves on our writes), so `same` stays correct.
   if (unchanged != nullptr) *unchanged = same;
   return r;
+}
+
+void Client::note_open_completed(InodeId ino, uint64_t generation, int64_t mtime_ns) {
+  std::lock_guard<std::mutex> lock(opened_mu_);
+  auto it = opened_.find(ino);
+  if (it != opened_.end() && it->second.generation == generation && it->second.mtime_ns == mtime_ns) {
+    it->second.dropped = true;
+  }
 }
 
 void Client::note_kernel_read(InodeId ino) {

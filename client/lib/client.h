@@ -204,10 +204,15 @@ class Client {
   Status removexattr(InodeId ino, const std::string& name);
   // Opens for this session (bookkeeping that keeps an unlinked file's chunks alive). When
   // `unchanged` is given it says whether the file's generation and mtime are the same as at this
-  // client's previous open of it (the kernel may keep its cached pages); either way cached data of
+  // client's previous open of it and an open that reported the change has completed (the kernel
+  // may keep its cached pages: see note_open_completed); either way cached data of
   // an older generation is dropped here (close-to-open). A read-only open by the `caller` whose
   // lookup just got an open ticket for `ino` takes that ticket instead of asking the meta server.
   Result<proto::InodeAttr> open(InodeId ino, uint32_t flags, bool* unchanged = nullptr, uint64_t caller = 0);
+  // An open of version (`generation`, `mtime_ns`) of `ino` that reported it changed has completed
+  // in the kernel (a request came on its handle), which dropped the file's pages then: later
+  // opens of that version may report it unchanged.
+  void note_open_completed(InodeId ino, uint64_t generation, int64_t mtime_ns);
   // Reading a small file is open + one read: with the attributes of the lookup that preceded the
   // open, its one block is fetched at once instead of after the meta open returns (open() calls
   // this; a mount calls it right after answering a lookup that got an open ticket, Entry::opened).
@@ -531,6 +536,11 @@ class Client {
     // The kernel asked for the file's first bytes since that open: its pages were not cached
     // (keep_cache or not), so the next open's small-file prefetch is not wasted.
     bool kernel_read = false;
+    // An open of this version that told the kernel to drop the file's pages has completed
+    // (note_open_completed), so the kernel holds none older. Until then every open of it drops
+    // them too: of two opens racing after a change, the second must not keep pages that the
+    // first one's completion has yet to drop.
+    bool dropped = false;
   };
   void note_kernel_read(InodeId ino);
   std::mutex open_counts_mu_;  // leaf lock

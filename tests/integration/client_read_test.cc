@@ -349,6 +349,39 @@ TEST_F(ClientReadTest, SmallFileIsFetchedAtOpenOnlyWhenTheKernelReadItFromUsLast
   ASSERT_TRUE(client_->release(created.ino).is_ok());
 }
 
+// Close-to-open with opens that race: after another host changed a file, every open of the new
+// version tells the kernel to drop its pages (reports it changed) until one such open has
+// completed (a request came on its handle), since the kernel drops them only when an open
+// completes and a second open could otherwise keep pages the first has yet to drop.
+TEST_F(ClientReadTest, OpensAfterAChangeDropTheKernelsPagesUntilOneOfThemCompleted) {
+  const proto::InodeAttr created = write_closed("raced", testing::seeded_bytes(40u << 10, 41));
+  ASSERT_NE(created.ino.value, 0u);
+  auto open_unchanged = [&]() -> std::pair<bool, proto::InodeAttr> {
+    bool unchanged = true;
+    auto a = client_->open(created.ino, O_RDONLY, &unchanged);
+    EXPECT_TRUE(a.has_value()) << a.error().to_string();
+    EXPECT_TRUE(client_->release(created.ino).is_ok());
+    return {unchanged, a.has_value() ? *a : proto::InodeAttr{}};
+  };
+  auto [first, v1] = open_unchanged();
+  EXPECT_FALSE(first) << "the first open of a file reported it unchanged";
+  EXPECT_FALSE(open_unchanged().first) << "an open before the first one completed kept the pages";
+  client_->note_open_completed(created.ino, v1.generation, v1.mtime_ns);
+  EXPECT_TRUE(open_unchanged().first) << "an unchanged file is never kept in the kernel's cache";
+
+  auto other = second_client();
+  ASSERT_NE(other, nullptr);
+  ASSERT_TRUE(other->write(created.ino, created.layout, 0, testing::seeded_bytes(40u << 10, 42)).is_ok());
+  ASSERT_TRUE(other->release(created.ino).is_ok());
+  auto [changed, v2] = open_unchanged();
+  EXPECT_FALSE(changed) << "another host's change kept the old pages";
+  ASSERT_NE(v2.generation, v1.generation);
+  client_->note_open_completed(created.ino, v1.generation, v1.mtime_ns);  // a late one of the old version
+  EXPECT_FALSE(open_unchanged().first) << "a second open of the new version kept pages the first may not have dropped";
+  client_->note_open_completed(created.ino, v2.generation, v2.mtime_ns);
+  EXPECT_TRUE(open_unchanged().first);
+}
+
 // A lookup that finds a file past one cache block forgets what an earlier lookup saw of it, so the
 // open that follows fetches nothing of the old, small version (it would be dropped unread).
 TEST_F(ClientReadTest, SmallFileThatGrewIsNotFetchedAtOpen) {
