@@ -76,9 +76,13 @@ uint64_t cached_pages(int fd) {
   return n;
 }
 
-// cachestat(2) (Linux 6.5; the number is the same on every architecture), which Debian 12's
-// headers do not declare yet.
+// cachestat(2) (Linux 6.5), which Debian 12's headers do not declare yet: 451 in the table x86-64,
+// arm64 and most other architectures share.
+#ifdef __NR_cachestat
+constexpr long kSysCachestat = __NR_cachestat;
+#else
 constexpr long kSysCachestat = 451;
+#endif
 struct CachestatRange {
   uint64_t off;
   uint64_t len;
@@ -93,7 +97,8 @@ struct Cachestat {
 std::atomic<bool> g_cachestat_works{true};
 
 // Whether every page of [offset, offset + length) of `fd` is in the page cache. False when some
-// are not, and when the kernel cannot tell (an older kernel, a seccomp filter).
+// are not, and when the kernel cannot tell (an older kernel, a seccomp filter). A page still being
+// read in counts as cached (cachestat counts the pages present, read or not).
 bool range_cached(int fd, uint64_t offset, uint64_t length) {
   if (length == 0) return true;
   if (!g_cachestat_works.load(std::memory_order_relaxed)) return false;
@@ -103,7 +108,7 @@ bool range_cached(int fd, uint64_t offset, uint64_t length) {
     if (errno == ENOSYS || errno == EPERM) g_cachestat_works.store(false, std::memory_order_relaxed);
     return false;
   }
-  const uint64_t page = 4096;
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   return cs.nr_cache >= (offset + length + page - 1) / page - offset / page;
 }
 
@@ -687,12 +692,12 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
   return new_len;
 }
 
-RecentReads::Scope ChunkStore::count_disk_read(const ChunkFile& file, uint64_t file_offset, uint64_t length,
-                                               bool opened_cold) {
-  if (opened_cold || reads_direct(file) || !range_cached(file.fd.get(), file_offset, length)) {
-    return recent_reads_->start();
-  }
-  return RecentReads::Scope();
+void ChunkStore::end_if_cached(RecentReads::Scope& reading, const ChunkFile& file, uint64_t file_offset,
+                               uint64_t length, bool opened_cold) {
+  // A cold open has already asked for the range (start_cold_read), and pages being read in look
+  // cached to cachestat: that read waits for the disk whatever it says.
+  if (opened_cold || reads_direct(file)) return;
+  if (range_cached(file.fd.get(), file_offset, length)) reading.cancel();
 }
 
 // The start of every read: checks the range and opens the chunk; an empty file (no ChunkFile) when
@@ -723,6 +728,10 @@ Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(Inode
                                                                          uint32_t length) {
   auto inode_guard = inode_locks_.lock_shared(ino.value);
   auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
+  // Counted from before the open (a cold one reads the header from disk) until the bytes are
+  // staged, held by the range's keep since the staging comes later; ended early when the range is
+  // in the page cache.
+  RecentReads::Scope reading = recent_reads_->start();
   uint64_t chunk_len = 0;
   bool read_started = false;
   PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file,
@@ -736,8 +745,7 @@ Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(Inode
   const OpenChunk c{file, chunk_len};
   const uint64_t first_b = offset / kB;
   const uint64_t nb = (n + kB - 1) / kB;
-  // Counts until the bytes are staged: held by the range's keep, since the staging comes later.
-  RecentReads::Scope reading = count_disk_read(*file, c.header().data_offset + offset, n, read_started);
+  end_if_cached(reading, *file, c.header().data_offset + offset, n, read_started);
   // Start reading the bytes from disk now, so a cold read waits for the table and the data at
   // once rather than one after the other (the splice comes later); a no-op when they are cached,
   // and already done when this read opened the file.
@@ -768,6 +776,7 @@ Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t ch
                                   std::span<uint8_t> out) {
   auto inode_guard = inode_locks_.lock_shared(ino.value);
   auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
+  RecentReads::Scope reading = recent_reads_->start();  // as in read_unverified()
   uint64_t chunk_len = 0;
   bool read_started = false;
   PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file, open_for_read(ino, chunk_index, chunk_size, offset,
@@ -781,8 +790,7 @@ Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t ch
   const uint64_t nb = last_b - first_b + 1;
   const uint64_t span_start = first_b * kB;
   const uint64_t span_end = std::min(last_b * kB + kB, c.length);
-  const RecentReads::Scope reading =
-      count_disk_read(*c.file, c.header().data_offset + span_start, span_end - span_start, read_started);
+  end_if_cached(reading, *c.file, c.header().data_offset + span_start, span_end - span_start, read_started);
   std::vector<uint8_t> table(nb * kTableEntrySize);
   std::span<uint8_t> body = out.first(n);
 

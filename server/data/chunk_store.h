@@ -201,10 +201,11 @@ class ChunkStore {
   void open_direct(ChunkFile& file, const std::string& path);
   // Whether reads of `file` go through its O_DIRECT descriptor (direct_io mode only).
   bool reads_direct(const ChunkFile& file) const;
-  // Counts a read of bytes [file_offset, file_offset + length) of `file` in recent_reads_ while the
-  // returned scope lives, when it waits for the disk: a file the read opened (`opened_cold`, whose
-  // bytes the open started reading), an O_DIRECT read, or pages not all in the page cache.
-  RecentReads::Scope count_disk_read(const ChunkFile& file, uint64_t file_offset, uint64_t length, bool opened_cold);
+  // Cancels `reading` (a read counted in recent_reads_ since before its open) when its bytes
+  // [file_offset, file_offset + length) of `file` come without the disk: buffered, all in the page
+  // cache, and the file not just opened by this read (`opened_cold`, which started reading them).
+  void end_if_cached(RecentReads::Scope& reading, const ChunkFile& file, uint64_t file_offset, uint64_t length,
+                     bool opened_cold);
 
   std::shared_ptr<Target> target_;
   const ChunkStoreOptions options_;

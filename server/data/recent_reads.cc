@@ -20,6 +20,11 @@ void RecentReads::Scope::end() {
   r->reads_.fetch_sub(1, std::memory_order_release);
 }
 
+void RecentReads::Scope::cancel() {
+  RecentReads* r = std::exchange(owner_, nullptr);
+  if (r != nullptr) r->reads_.fetch_sub(1, std::memory_order_release);
+}
+
 RecentReads::Scope RecentReads::start() {
   reads_.fetch_add(1, std::memory_order_relaxed);
   return Scope(this);

@@ -2,9 +2,9 @@
 //
 // The chunk store asks it before each part of an O_DIRECT write: while reads are recent, a write
 // goes to the disk in pieces, one after another, instead of whole (ChunkStoreOptions::
-// write_piece_while_reading). The chunk store counts only reads that wait for the disk, from
-// before their disk request until their bytes are in memory (copied, or staged in a pipe for the
-// socket). The `hold` after the last read is
+// write_piece_while_reading). The chunk store counts a read from before its open until its bytes
+// are in memory (copied, or staged in a pipe for the socket), and cancels it when the bytes turn
+// out to be in the page cache. The `hold` after the last read is
 // there because a training job's reads come one after another with short gaps (each reader is in
 // its mount or at another data server between two of them); a write that starts in such a gap
 // would otherwise go down whole.
@@ -35,6 +35,8 @@ class RecentReads {
     Scope(Scope&& o) noexcept : owner_(o.owner_) { o.owner_ = nullptr; }
     Scope& operator=(Scope&& o) noexcept;
     ~Scope() { end(); }
+    // Ends it as a read that did not wait for the disk after all: the hold does not start.
+    void cancel();
 
    private:
     friend class RecentReads;

@@ -36,6 +36,16 @@ TEST(RecentReads, WithoutAHoldOnlyReadsInProgressCount) {
   EXPECT_FALSE(r.recent());
 }
 
+TEST(RecentReads, ACancelledReadStartsNoHold) {
+  RecentReads r(1h);
+  RecentReads::Scope a = r.start();
+  a.cancel();
+  EXPECT_EQ(r.in_progress(), 0);
+  EXPECT_FALSE(r.recent()) << "a read that never waited for the disk held writes back";
+  a = RecentReads::Scope();  // ending a cancelled scope does nothing
+  EXPECT_FALSE(r.recent());
+}
+
 TEST(RecentReads, AMovedScopeEndsOnce) {
   RecentReads r(0ns);
   {

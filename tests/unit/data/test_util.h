@@ -6,7 +6,9 @@
 #include <linux/fs.h>
 #include <stdlib.h>
 #include <sys/ioctl.h>
-#include <sys/utsname.h>
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -43,13 +45,21 @@ class TempDir {
   std::string path_;
 };
 
-// Whether the running kernel is at least major.minor (uname's release, e.g. "6.18.0-...").
-inline bool kernel_at_least(int major, int minor) {
-  utsname u{};
-  int ma = 0;
-  int mi = 0;
-  if (::uname(&u) != 0 || std::sscanf(u.release, "%d.%d", &ma, &mi) != 2) return false;
-  return ma > major || (ma == major && mi >= minor);
+// Whether cachestat(2) works here (Linux 6.5, and no seccomp filter refusing it): probed on a file
+// of `dir`.
+inline bool cachestat_works(const std::string& dir) {
+  const std::string path = dir + "/.cachestat-probe";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  struct {
+    uint64_t off;
+    uint64_t len;
+  } range{0, 4096};
+  uint64_t stat[5] = {};
+  const bool ok = ::syscall(451, fd, &range, stat, 0) == 0;
+  ::close(fd);
+  ::unlink(path.c_str());
+  return ok;
 }
 
 // How many runs of physically contiguous disk blocks hold bytes [0, end) of the open file `fd`
