@@ -104,7 +104,9 @@ DirHandle* dir_of(const fuse_file_info* fi) { return reinterpret_cast<DirHandle*
 // A request on `fh` shows that its open completed in the kernel, which dropped the file's pages
 // then if the open asked it to (keep_cache off): opens of that version may now keep them.
 void note_open_completed(fuse_req_t req, FileHandle* fh) {
-  if (fh->keep_cache || fh->completion_noted.exchange(true)) return;
+  if (fh->keep_cache || fh->completion_noted.load(std::memory_order_relaxed) || fh->completion_noted.exchange(true)) {
+    return;
+  }
   client_of(req).note_open_completed(fh->ino, fh->generation, fh->mtime_ns);
 }
 
@@ -512,6 +514,8 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   fh->layout = r->layout;
   fh->layout_pending.store(r->layout.chains.empty());  // created behind (every other file has chains)
   fh->size_hint.store(r->size);
+  fh->generation = r->generation;  // the kernel drops a created file's pages too
+  fh->mtime_ns = r->mtime_ns;
   fh->read_ctx = client_of(req).make_read_context(r->generation);
   fuse_entry_param e = to_entry(*r);
   reply_open_handle(req, fi, std::move(fh), &e);

@@ -589,5 +589,30 @@ TEST_F(MountTest, OpensByPathTakeTheOpenTicketOfTheirLookup) {
   EXPECT_TRUE(logged) << "no counters in the mount's log at unmount";
 }
 
+// keep_cache: the first open after a file changed has the kernel drop its pages, and once that
+// open has read (so it completed, Client::note_open_completed), the next open of the unchanged
+// file keeps them: the second pass reads from the kernel's pages and sends the mount no READ.
+TEST_F(MountTest, AReopenOfAnUnchangedFileReadsFromTheKernelsPages) {
+  Cluster cluster;
+  ASSERT_TRUE(cluster.up());
+  const std::string path = cluster.mount_path() + "/kept";
+  const std::string data = pattern(3u << 20, 0, 7);  // past one cache block: no prefetch at open
+  ASSERT_TRUE(write_file(path, data));
+  auto fetches = [&] {
+    std::map<std::string, uint64_t> c = mount_counters(cluster.mount_path());
+    return c["cache_hits"] + c["cache_misses"] + c["cache_joined_fetches"];
+  };
+  std::string back;
+  const uint64_t before_first = fetches();
+  ASSERT_TRUE(read_file(path, &back));
+  EXPECT_TRUE(same_bytes(data, back));
+  const uint64_t after_first = fetches();
+  EXPECT_GT(after_first, before_first) << "the first open after the write kept the written pages";
+  ASSERT_TRUE(read_file(path, &back));
+  EXPECT_TRUE(same_bytes(data, back));
+  EXPECT_EQ(fetches(), after_first) << "the reopen of an unchanged file did not keep the kernel's pages";
+  ASSERT_TRUE(cluster.down());
+}
+
 }  // namespace
 }  // namespace penstock::testing
