@@ -736,12 +736,25 @@ Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(Inode
   bool read_started = false;
   PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file,
                             open_for_read(ino, chunk_index, chunk_size, offset, length, &chunk_len, &read_started));
+  // A hole, or a range read() must serve (which counts itself), reads nothing here from an open file.
+  auto nothing_read = [&] {
+    if (!read_started) reading.cancel();
+  };
   UnreadRange r;
-  if (file == nullptr || offset >= chunk_len || length == 0) return std::optional<UnreadRange>(std::move(r));  // a hole
+  if (file == nullptr || offset >= chunk_len || length == 0) {
+    nothing_read();
+    return std::optional<UnreadRange>(std::move(r));  // a hole
+  }
   // The receiver can verify only whole blocks; O_DIRECT data is not in the page cache to send.
-  if (reads_direct(*file) || offset % kB != 0) return std::optional<UnreadRange>();
+  if (reads_direct(*file) || offset % kB != 0) {
+    nothing_read();
+    return std::optional<UnreadRange>();
+  }
   const uint64_t n = std::min<uint64_t>(length, chunk_len - offset);
-  if ((offset + n) % kB != 0 && offset + n != chunk_len) return std::optional<UnreadRange>();
+  if ((offset + n) % kB != 0 && offset + n != chunk_len) {
+    nothing_read();
+    return std::optional<UnreadRange>();
+  }
   const OpenChunk c{file, chunk_len};
   const uint64_t first_b = offset / kB;
   const uint64_t nb = (n + kB - 1) / kB;
@@ -781,7 +794,10 @@ Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t ch
   bool read_started = false;
   PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file, open_for_read(ino, chunk_index, chunk_size, offset,
                                                                            out.size(), &chunk_len, &read_started));
-  if (file == nullptr || offset >= chunk_len || out.empty()) return 0u;
+  if (file == nullptr || offset >= chunk_len || out.empty()) {
+    if (!read_started) reading.cancel();  // a hole: nothing read
+    return 0u;
+  }
   const OpenChunk c{std::move(file), chunk_len};
   const uint64_t off = offset;
   const uint64_t n = std::min<uint64_t>(out.size(), c.length - off);

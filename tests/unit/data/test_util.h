@@ -56,7 +56,11 @@ inline bool cachestat_works(const std::string& dir) {
     uint64_t len;
   } range{0, 4096};
   uint64_t stat[5] = {};
-  const bool ok = ::syscall(451, fd, &range, stat, 0) == 0;
+#ifdef __NR_cachestat
+  const bool ok = ::syscall(__NR_cachestat, fd, &range, stat, 0) == 0;
+#else
+  const bool ok = ::syscall(451, fd, &range, stat, 0) == 0;  // x86-64, arm64 and most others
+#endif
   ::close(fd);
   ::unlink(path.c_str());
   return ok;
