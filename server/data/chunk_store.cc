@@ -729,8 +729,8 @@ Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(Inode
   auto inode_guard = inode_locks_.lock_shared(ino.value);
   auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
   // Counted from before the open (a cold one reads the header from disk) until the bytes are
-  // staged, held by the range's keep since the staging comes later; ended early when the range is
-  // in the page cache.
+  // staged, held by the range's keep since the staging comes later; cancelled when the file was
+  // open and the range is in the page cache or there is nothing to read.
   RecentReads::Scope reading = recent_reads_->start();
   uint64_t chunk_len = 0;
   bool read_started = false;

@@ -4,7 +4,7 @@
 // goes to the disk in pieces, one after another, instead of whole (ChunkStoreOptions::
 // write_piece_while_reading). The chunk store counts a read from before its open until its bytes
 // are in memory (copied, or staged in a pipe for the socket), and cancels it when the bytes turn
-// out to be in the page cache. The `hold` after the last read is
+// out to be in the page cache or there are none to read. The `hold` after the last read is
 // there because a training job's reads come one after another with short gaps (each reader is in
 // its mount or at another data server between two of them); a write that starts in such a gap
 // would otherwise go down whole.

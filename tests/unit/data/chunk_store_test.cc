@@ -667,16 +667,25 @@ size_t resident_in(const std::string& path, uint64_t from, uint64_t to) {
   return n;
 }
 
+// A store over a fresh target in `dir` with options `o`; null, with a failure, when the target
+// cannot be opened.
+std::unique_ptr<ChunkStore> open_store(const TempDir& dir, const ChunkStoreOptions& o) {
+  auto t = Target::open(dir.path());
+  EXPECT_TRUE(t.has_value()) << t.status().to_string();
+  if (!t.has_value()) return nullptr;
+  return std::make_unique<ChunkStore>(std::shared_ptr<Target>(std::move(*t)), o);
+}
+
 // direct_write_min: a large write reaches the disk with O_DIRECT and leaves none of its pages in the
 // page cache; a small one is buffered (its pages are cached); reads of both go through the page
 // cache (and so may be spliced); the bytes are right either way.
 TEST(ChunkStoreDirectWrites, LargeWritesBypassThePageCacheSmallWritesAndReadsUseIt) {
   TempDir dir;
-  auto t = Target::open(dir.path());
-  ASSERT_TRUE(t.has_value()) << t.status().to_string();
   ChunkStoreOptions o;
   o.direct_write_min = 1u << 20;
-  ChunkStore store(std::shared_ptr<Target>(std::move(*t)), o);
+  auto owned = open_store(dir, o);
+  ASSERT_NE(owned, nullptr);
+  ChunkStore& store = *owned;
   EXPECT_FALSE(store.direct_io_active()) << "reads must stay buffered";
   const uint64_t data_off = make_chunk_header(kIno.value, 0, kChunk4M).data_offset;
   const auto large = pattern(2u << 20, 1);
@@ -715,13 +724,13 @@ TEST(ChunkStoreDirectWrites, LargeWritesBypassThePageCacheSmallWritesAndReadsUse
 // unaligned offset into an existing chunk, and with a partial last block.
 TEST(ChunkStoreDirectWrites, WritesGoInPiecesOnlyWhileAReadWaitsForTheDisk) {
   TempDir dir;
-  auto t = Target::open(dir.path());
-  ASSERT_TRUE(t.has_value()) << t.status().to_string();
   ChunkStoreOptions o;
   o.direct_write_min = 1u << 20;
   o.write_piece_while_reading = 512u << 10;
   o.read_hold = std::chrono::milliseconds(0);
-  ChunkStore store(std::shared_ptr<Target>(std::move(*t)), o);
+  auto owned = open_store(dir, o);
+  ASSERT_NE(owned, nullptr);
+  ChunkStore& store = *owned;
   auto expect0 = pattern(2u << 20, 11);
   ASSERT_TRUE(store.write(kIno, 0, kChunk4M, 0, expect0).has_value());
   if (!store.direct_writes_active()) GTEST_SKIP() << "O_DIRECT is refused by $TMPDIR's file system; only direct writes go in pieces";
