@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <ctime>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -27,14 +29,39 @@ void block_termination_signals() {
   signal(SIGPIPE, SIG_IGN);
 }
 
-std::string wait_for_termination_signal() {
+namespace {
+
+sigset_t termination_signals() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  return set;
+}
+
+std::string signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+}  // namespace
+
+std::string wait_for_termination_signal() {
+  const sigset_t set = termination_signals();
   for (;;) {
     int sig = 0;
-    if (sigwait(&set, &sig) == 0) return sig == SIGINT ? "SIGINT" : "SIGTERM";
+    if (sigwait(&set, &sig) == 0) return signal_name(sig);
+  }
+}
+
+std::string wait_for_termination_signal(std::chrono::milliseconds timeout) {
+  const sigset_t set = termination_signals();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::max<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now(),
+                                                         std::chrono::nanoseconds(0));
+    const timespec ts{static_cast<time_t>(left.count() / 1'000'000'000), static_cast<long>(left.count() % 1'000'000'000)};
+    const int sig = sigtimedwait(&set, nullptr, &ts);
+    if (sig > 0) return signal_name(sig);
+    if (errno == EAGAIN) return "";  // timed out
+    // EINTR (another signal's handler ran): wait out the rest.
   }
 }
 

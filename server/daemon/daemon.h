@@ -3,6 +3,7 @@
 // Thread-safety: call block_termination_signals() from main() before starting threads.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <string>
 
@@ -16,6 +17,8 @@ void block_termination_signals();
 
 // Waits until SIGINT or SIGTERM arrives; returns the signal's name for the log.
 std::string wait_for_termination_signal();
+// The same, but gives up after `timeout`: then empty.
+std::string wait_for_termination_signal(std::chrono::milliseconds timeout);
 
 // Raises the soft open-file limit to the hard one (each client connection and each cached chunk
 // file is a descriptor) and returns the limit now in force (SIZE_MAX for unlimited).

@@ -32,7 +32,7 @@ Status GroupCommitter::wait_durable(uint64_t ticket) {
       durable_ = std::max(durable_, upto);
       ++syncs_;
     } else if (error_.is_ok()) {
-      error_ = st.with_context("sync of the write-ahead log failed; what is on disk is unknown, restart the daemon");
+      error_ = st.with_context("sync of the write-ahead log failed; what is on disk is unknown until the database is opened again");
     }
     cv_.notify_all();
   }

@@ -1,6 +1,7 @@
 // penstock-meta: the metadata server daemon. Parses flags (or a TOML --config file), opens the
 // RocksDB store, loads the namespace, serves the meta RPCs, runs session/node expiry and chunk GC in
-// the background, and stops cleanly on SIGTERM/SIGINT.
+// the background, and stops cleanly on SIGTERM/SIGINT. After a full disk it opens the database again
+// by itself once there is room (server/meta/disk_reserve.h).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -8,15 +9,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <mutex>
 #include <thread>
 
 #include <CLI/CLI.hpp>
 
+#include "common/base/byte_size.h"
 #include "common/base/log.h"
 #include "common/net/endpoint.h"
 #include "common/net/transport.h"
 #include "server/daemon/daemon.h"
+#include "server/meta/disk_reserve.h"
 #include "server/meta/gc.h"
 #include "server/meta/meta_server.h"
 #include "server/meta/namespace.h"
@@ -43,9 +47,105 @@ struct Flags {
   int close_sync_ms = 50;
   int record_cache_mb = 128;
   double scrub_interval_s = 86400;
+  std::string disk_reserve;  // empty: DiskReserve::default_bytes
+  int memtable_mb = 64;
 };
 
-int run(const Flags& flags) {
+// run() asks main() to run it again: the database is opened anew after a full disk.
+constexpr int kOpenAgain = -1;
+// At most one reopen this often, whatever the disk says.
+constexpr auto kMinReopenInterval = std::chrono::seconds(5);
+// How often the disk watch looks at the store, and how often a missing ballast is tried again.
+constexpr auto kDiskWatchPeriod = std::chrono::seconds(1);
+constexpr auto kBallastRetry = std::chrono::seconds(30);
+
+// What outlives one run() of the service in this process.
+struct RunState {
+  int runs = 0;       // runs started so far
+  uint16_t port = 0;  // the port the first run served on: a reopen serves on the same one
+  std::chrono::steady_clock::time_point last_open{};  // of the last reopen
+};
+
+// The store and the namespace over it, opened together (and closed in reverse).
+struct Opened {
+  std::unique_ptr<meta::RocksDbStore> store;
+  std::unique_ptr<meta::CachedStore> cached;
+  std::unique_ptr<meta::MetaService> service;
+};
+
+Result<Opened> open_service(const Flags& flags, const meta::MetaOptions& opts) {
+  meta::RocksDbOptions store_options;
+  store_options.sync_soon_delay = std::chrono::milliseconds(flags.close_sync_ms);
+  store_options.write_buffer_bytes = static_cast<size_t>(flags.memtable_mb) << 20;
+  Opened o;
+  PENSTOCK_ASSIGN_OR_RETURN(o.store, meta::RocksDbStore::open(flags.db, store_options));
+  // Inode and directory-entry records are read far more often than written: a lookup reads three,
+  // an open two (server/meta/cached_store.h).
+  meta::CachedStoreOptions cache_options;
+  cache_options.capacity_bytes = static_cast<size_t>(flags.record_cache_mb) << 20;
+  cache_options.prefixes = {std::string(meta::schema::kInodePrefix), std::string(meta::schema::kDentryPrefix)};
+  o.cached = std::make_unique<meta::CachedStore>(o.store.get(), cache_options);
+  PENSTOCK_ASSIGN_OR_RETURN(o.service, meta::MetaService::open(o.cached.get(), opts));
+  return o;
+}
+
+std::string mib(uint64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+
+// One look of the disk watch at a store whose log failed: removes the ballast and says whether the
+// database may be opened again now. `told` keeps the waiting message to once per run.
+bool time_to_reopen(const Status& failed, meta::DiskReserve& reserve, const std::string& db, bool* told) {
+  if (failed.code() != Code::kNoSpace) {
+    if (!*told) {
+      PENSTOCK_LOG(Error) << "the metadata database's disk failed (" << failed.to_string()
+                          << "): changes are refused and reads go on; fix the disk and restart penstock-meta";
+      *told = true;
+    }
+    return false;
+  }
+  if (const uint64_t freed = reserve.release(); freed > 0) {
+    PENSTOCK_LOG(Warn) << "the metadata disk is full: removed the ballast file " << reserve.ballast_path() << " ("
+                       << mib(freed) << ") so that the database can be opened again";
+  }
+  uint64_t need = 0;
+  uint64_t free = 0;
+  Result<bool> ready = reserve.ready_to_reopen(&need, &free);
+  if (ready.has_value() && *ready) {
+    PENSTOCK_LOG(Warn) << "opening the metadata database again after a full disk (" << mib(free) << " free, "
+                       << mib(need) << " needed): changes resume once it is open, and every acknowledged one is kept";
+    return true;
+  }
+  if (!*told) {
+    PENSTOCK_LOG(Error) << "the metadata disk is full: changes fail with ENOSPC and reads go on. penstock-meta opens "
+                        << "the database again by itself once " << mib(need) << " are free in " << db << " ("
+                        << (ready.has_value() ? mib(free) : ready.error().to_string())
+                        << " now): remove files on that disk or grow it";
+    *told = true;
+  }
+  return false;
+}
+
+// Makes the ballast when there is room; logs what it did (a failure or a lack of room only at a start).
+void ensure_ballast(meta::DiskReserve& reserve, bool at_start) {
+  bool made = false;
+  const Status st = reserve.ensure(&made);
+  if (!st.is_ok()) {
+    if (at_start) {
+      PENSTOCK_LOG(Warn) << "no ballast file for a full disk: " << st.to_string();
+    }
+  } else if (made) {
+    PENSTOCK_LOG(Info) << "ballast file " << reserve.ballast_path() << " (" << mib(reserve.bytes())
+                       << ") made: after a full disk it is the room to open the database again";
+  } else if (at_start && reserve.bytes() > 0 && !reserve.held()) {
+    PENSTOCK_LOG(Warn) << "no room for the ballast file (" << mib(reserve.bytes()) << ", made when twice that is free): "
+                       << "after a full disk penstock-meta waits for room before it takes changes again";
+  }
+}
+
+int run(const Flags& flags, RunState* state) {
   LogLevel level;
   if (!parse_log_level(flags.log_level, &level)) {
     std::cerr << "penstock-meta: --log-level must be debug, info, warn or error, not '" << flags.log_level << "'\n";
@@ -76,6 +176,10 @@ int run(const Flags& flags) {
     std::cerr << "penstock-meta: --record-cache-mb must be between 0 (off) and 1048576 MiB\n";
     return 2;
   }
+  if (flags.memtable_mb < 1 || flags.memtable_mb > 4096) {
+    std::cerr << "penstock-meta: --memtable-mb must be between 1 and 4096 MiB\n";
+    return 2;
+  }
   if (!(flags.scrub_interval_s == 0 || (flags.scrub_interval_s >= 1 && flags.scrub_interval_s <= 365.0 * 86400))) {
     std::cerr << "penstock-meta: --scrub-interval-s must be 0 (no background scrub) or between 1 and 31536000 seconds\n";
     return 2;
@@ -104,31 +208,53 @@ int run(const Flags& flags) {
     PENSTOCK_LOG(Error) << "--db: " << st.to_string();
     return 1;
   }
-  meta::RocksDbOptions store_options;
-  store_options.sync_soon_delay = std::chrono::milliseconds(flags.close_sync_ms);
-  auto store = meta::RocksDbStore::open(flags.db, store_options);
-  if (!store.has_value()) {
-    PENSTOCK_LOG(Error) << store.error().to_string();
-    return 1;
+  uint64_t reserve_bytes = 0;
+  if (flags.disk_reserve.empty()) {
+    if (auto space = meta::disk_space_of(flags.db); space.has_value()) {
+      reserve_bytes = meta::DiskReserve::default_bytes(space->total);
+    }
+  } else {
+    auto parsed = parse_byte_size(flags.disk_reserve);
+    if (!parsed.has_value()) {
+      std::cerr << "penstock-meta: --disk-reserve: " << parsed.error().to_string() << "; give a size such as 256M, or 0\n";
+      return 2;
+    }
+    reserve_bytes = *parsed;
   }
-  // Inode and directory-entry records are read far more often than written: a lookup reads three,
-  // an open two (server/meta/cached_store.h).
-  meta::CachedStoreOptions cache_options;
-  cache_options.capacity_bytes = static_cast<size_t>(flags.record_cache_mb) << 20;
-  cache_options.prefixes = {std::string(meta::schema::kInodePrefix), std::string(meta::schema::kDentryPrefix)};
-  meta::CachedStore cached(store->get(), cache_options);
   meta::MetaOptions opts;
   opts.session_lease_ns = static_cast<int64_t>(flags.session_lease_s * 1e9);
   opts.node_timeout_ns = static_cast<int64_t>(flags.node_timeout_s * 1e9);
   opts.node_report_wait_ns = static_cast<int64_t>(flags.node_report_wait_ms) * 1'000'000;
   opts.entry_leases.term_ns = static_cast<int64_t>(flags.entry_lease_s * 1e9);
   opts.dir_leases.term_ns = flags.dir_lease_ms * 1'000'000;
-  auto service = meta::MetaService::open(&cached, opts);
-  if (!service.has_value()) {
-    PENSTOCK_LOG(Error) << service.error().to_string();
-    return 1;
+  const bool again = state->runs++ > 0;
+  Opened opened;
+  for (;;) {
+    auto o = open_service(flags, opts);
+    if (o.has_value()) {
+      opened = std::move(*o);
+      break;
+    }
+    if (!again) {
+      PENSTOCK_LOG(Error) << o.error().to_string();
+      return 1;
+    }
+    // Opening again after a full disk: until it works there is nothing to serve; try until stopped.
+    PENSTOCK_LOG(Error) << "opening the metadata database again failed: " << o.error().to_string()
+                        << "; trying again in 5 s (SIGTERM stops penstock-meta)";
+    const std::string sig = daemon::wait_for_termination_signal(std::chrono::seconds(5));
+    if (!sig.empty()) {
+      PENSTOCK_LOG(Info) << "got " << sig << ", stopping";
+      return 0;
+    }
   }
-  meta::MetaService& svc = **service;
+  if (again) state->last_open = std::chrono::steady_clock::now();
+  meta::MetaService& svc = *opened.service;
+  meta::DiskReserveOptions reserve_options;
+  reserve_options.dir = flags.db;
+  reserve_options.bytes = reserve_bytes;
+  meta::DiskReserve reserve(reserve_options);
+  ensure_ballast(reserve, /*first=*/true);
 
   net::IoRuntime io(1);
   meta::RpcDataNodes data_nodes(io, std::chrono::milliseconds(5000));
@@ -143,6 +269,7 @@ int run(const Flags& flags) {
 
   rpc::ServerOptions sopts;
   sopts.listen = *ep;
+  if (again && state->port != 0) sopts.listen.port = state->port;  // "port 0" picked one the first time
   sopts.worker_threads = flags.workers;
   sopts.io_threads = flags.io_threads;
   meta::MetaServer server(svc, sopts);
@@ -158,6 +285,7 @@ int run(const Flags& flags) {
     }
     return 1;
   }
+  if (!again) state->port = server.port();
   char lease[32];
   std::snprintf(lease, sizeof lease, flags.entry_lease_s > 0 ? "%g s" : "off", flags.entry_lease_s);
   PENSTOCK_LOG(Info) << "penstock-meta listening on " << ep->host << ":" << server.port() << ", db " << flags.db
@@ -184,9 +312,34 @@ int run(const Flags& flags) {
       lock.lock();
     }
   });
+  // The disk watch: after a failed write of the log, opens the database again once it can (a full
+  // disk); otherwise keeps the ballast in place.
+  std::atomic<bool> open_again{false};
+  std::thread disk_watch([&] {
+    bool told = false;
+    auto last_ballast_try = std::chrono::steady_clock::now();
+    std::unique_lock lock(mu);
+    while (!cv.wait_for(lock, kDiskWatchPeriod, [&] { return stopping; })) {
+      lock.unlock();
+      const auto now = std::chrono::steady_clock::now();
+      if (const Status failed = opened.store->wal_error(); !failed.is_ok()) {
+        if (now - state->last_open >= kMinReopenInterval && time_to_reopen(failed, reserve, flags.db, &told)) {
+          open_again.store(true);
+          return;
+        }
+      } else if (now - last_ballast_try >= kBallastRetry) {
+        last_ballast_try = now;
+        ensure_ballast(reserve, /*at_start=*/false);
+      }
+      lock.lock();
+    }
+  });
 
-  std::string sig = daemon::wait_for_termination_signal();
-  PENSTOCK_LOG(Info) << "got " << sig << ", stopping";
+  std::string sig;
+  while (sig.empty() && !open_again.load()) sig = daemon::wait_for_termination_signal(std::chrono::milliseconds(200));
+  if (!sig.empty()) {
+    PENSTOCK_LOG(Info) << "got " << sig << ", stopping";
+  }
   scrubber.stop();  // first: the server's stop waits for a Scrub call in flight, which this ends
   server.stop();
   {
@@ -195,13 +348,21 @@ int run(const Flags& flags) {
   }
   cv.notify_all();
   expiry.join();
+  disk_watch.join();
+  if (open_again.load()) {
+    // The log refuses every write now: the opens only in memory go with this run, and every mount
+    // gives its opens back to the next one (it sees the new map version).
+    gc.stop();
+    PENSTOCK_LOG(Info) << "metadata service stopped for opening the database again";
+    return kOpenAgain;
+  }
   // Opens younger than the delay are only in memory: store them, so this restart forgets none.
   if (Status st = svc.store_opens(); !st.is_ok()) {
     PENSTOCK_LOG(Error) << "storing the open files before the stop failed: " << st.to_string();
   }
   gc.stop();
-  PENSTOCK_LOG(Info) << "penstock-meta stopped (" << (*store)->wal_syncs() << " group-commit WAL syncs, record cache "
-                     << cached.hits() << " hits, " << cached.misses() << " misses)";
+  PENSTOCK_LOG(Info) << "penstock-meta stopped (" << opened.store->wal_syncs() << " group-commit WAL syncs, record cache "
+                     << opened.cached->hits() << " hits, " << opened.cached->misses() << " misses)";
   return 0;
 }
 
@@ -246,6 +407,17 @@ int main(int argc, char** argv) {
                  "took back after its data was written); the first runs 10 minutes after start, or after the interval "
                  "when shorter. 0: only on demand (`penstock scrub`). Default 86400")
       ->capture_default_str();
+  app.add_option("--disk-reserve", flags.disk_reserve,
+                 "Bytes of the database's disk held by a ballast file (PENSTOCK-BALLAST in --db) while there is room "
+                 "for it: when the disk fills up, changes fail with ENOSPC, and penstock-meta removes the ballast and "
+                 "opens the database again in its room, so that deletes work; without a ballast it does that once "
+                 "the disk has room again. K/M/G/T suffixes; 0: no ballast (default: 256M, or 5% of the file system "
+                 "when that is less)");
+  app.add_option("--memtable-mb", flags.memtable_mb,
+                 "MiB of changes RocksDB gathers in memory before it writes them to a table file; the write-ahead "
+                 "log stays about this size, and opening the database again after a full disk needs that much free "
+                 "(default 64)")
+      ->capture_default_str();
   app.add_option("--workers", flags.workers, "RPC worker threads that run metadata requests (default 8)")->capture_default_str();
   app.add_option("--io-threads", flags.io_threads,
                  "Network threads; they also answer lookups, getattr, readdir, open and release (default 2)")
@@ -255,5 +427,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  return run(flags);
+  RunState state;
+  for (;;) {
+    const int rc = run(flags, &state);
+    if (rc != kOpenAgain) return rc;
+  }
 }

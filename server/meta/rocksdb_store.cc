@@ -127,6 +127,7 @@ Result<std::unique_ptr<RocksDbStore>> RocksDbStore::open(const std::string& dir,
   // of a write() per batch under the namespace mutex. Other applied-but-unsynced batches (opens,
   // releases) may then be lost on kill -9, which is fine: docs/meta-store.md "Durability".
   opts.manual_wal_flush = true;
+  if (options.write_buffer_bytes > 0) opts.write_buffer_size = options.write_buffer_bytes;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(opts, dir, &raw);
   if (!s.ok()) {
@@ -189,10 +190,19 @@ Status RocksDbStore::flush_wal(bool sync) {
   return synced;
 }
 
+Status RocksDbStore::wal_error() const {
+  std::lock_guard<std::mutex> lock(wal_mu_);
+  return wal_error_;
+}
+
 Status RocksDbStore::keep_wal_error_locked(const Status& failure) {
   if (wal_error_.is_ok()) {
-    wal_error_ = failure.with_context("what reached the disk after it is unknown, so nothing more is written: make "
-                                      "room and restart penstock-meta");
+    wal_error_ = failure.with_context(
+        failure.code() == Code::kNoSpace
+            ? "what reached the disk after it is unknown, so nothing more is written until the database is opened "
+              "again; penstock-meta does that itself once the disk has room (make room on it)"
+            : "what reached the disk after it is unknown, so nothing more is written: fix the disk and restart "
+              "penstock-meta");
     PENSTOCK_LOG(Error) << wal_error_.to_string();
   }
   return wal_error_;

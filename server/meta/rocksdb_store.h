@@ -37,6 +37,9 @@ struct RocksDbOptions {
   // sync_soon(): how long a batch may stay unsynced after it was asked for (penstock-meta
   // --close-sync-ms). Fixed at open.
   std::chrono::milliseconds sync_soon_delay{50};
+  // RocksDB's memtable (write buffer) size, bytes; 0 keeps RocksDB's default (64 MiB). The live
+  // write-ahead log stays about this size: a reopen after a full disk needs that much room.
+  size_t write_buffer_bytes = 0;
 };
 
 class RocksDbStore final : public Store {
@@ -60,6 +63,10 @@ class RocksDbStore final : public Store {
   uint64_t applied_ticket() const override { return committer_.last_applied(); }
   // With options.sync off a sync only hands the WAL to the kernel: nothing is known covered.
   bool covered_by_sync(uint64_t ticket) const override { return options_.sync && committer_.durable() >= ticket; }
+
+  // The first failed WAL write or sync, kept (ok while there is none): from then on every change
+  // is refused until the database is opened again (penstock-meta does that after a full disk).
+  Status wal_error() const;
 
   // WAL syncs done so far (each covers one group of applied batches).
   uint64_t wal_syncs() const { return committer_.syncs(); }

@@ -76,7 +76,8 @@ class Store {
 
   // Returns ok once every batch whose apply() returned before this call is durable (survives
   // kill -9 and power loss). Concurrent callers share syncs (group commit). A failed sync is
-  // sticky: kIo now and from every later sync()/apply(); restart the daemon.
+  // sticky: kIo now and from every later sync()/apply(), until the database is opened again
+  // (penstock-meta does that itself after a full disk: server/meta/disk_reserve.h).
   virtual Status sync() = 0;
 
   // Without waiting for a sync: every batch applied before this call survives a kill of this

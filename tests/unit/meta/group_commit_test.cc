@@ -172,7 +172,7 @@ TEST(GroupCommitTest, FailedSyncIsStickyForEveryone) {
   log.fail_ = true;
   Status st = gc.wait_durable(ticket);
   EXPECT_EQ(st.code(), Code::kIo);
-  EXPECT_NE(st.message().find("restart"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("until the database is opened again"), std::string::npos) << st.message();
   EXPECT_TRUE(gc.failed());
   log.fail_ = false;  // even when the disk "recovers", nothing is acknowledged any more
   auto [pos2, ticket2] = log.append(gc);

@@ -1,0 +1,73 @@
+// DiskReserve: penstock-meta's way out of a full disk without a person restarting it
+// (docs/meta-store.md, "A full disk").
+//
+// Why: after a failed write of the write-ahead log the database's state on disk is unknown, so the
+// store refuses every change until it is opened again (RocksDbStore::wal_error). A reopen replays
+// the log and writes what it holds to a table file, so it needs about the log's size in free space.
+// On a disk that filled up, even the deletes that would make room are changes, and are refused.
+//
+// So the database directory holds a ballast file (`kBallastName`, `bytes` long, allocated with
+// fallocate) while there is room for it. After the disk filled:
+// - release() removes the ballast, and its space is the reopen's;
+// - ready_to_reopen() says whether the disk now has room for a reopen: the live log files
+//   (`*.log`) and `kReopenMargin` more.
+// A reopened service recreates the ballast (ensure()) once twice its size is free again.
+//
+// The free space is what this process may use: f_bfree for root (ext4 keeps blocks for it),
+// f_bavail otherwise. Thread-safety: one thread at a time (penstock-meta's disk watch).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "common/base/result.h"
+
+namespace penstock::meta {
+
+struct DiskSpace {
+  uint64_t total = 0;  // bytes of the file system
+  uint64_t free = 0;   // bytes this process may still write
+};
+
+// The file system holding `dir`: kIo naming the path when statvfs fails.
+Result<DiskSpace> disk_space_of(const std::string& dir);
+
+struct DiskReserveOptions {
+  std::string dir;     // the database directory
+  uint64_t bytes = 0;  // the ballast's size; 0: no ballast
+  std::function<Result<DiskSpace>(const std::string&)> space = disk_space_of;  // injectable for tests
+};
+
+class DiskReserve {
+ public:
+  static constexpr const char* kBallastName = "PENSTOCK-BALLAST";
+  // Free space a reopen needs beyond the live log files (the manifest, a new log, the options file).
+  static constexpr uint64_t kReopenMargin = uint64_t{1} << 20;
+  // The default ballast: 256 MiB, or 5 % of the file system when that is less.
+  static uint64_t default_bytes(uint64_t fs_total);
+
+  explicit DiskReserve(DiskReserveOptions options);
+
+  std::string ballast_path() const { return options_.dir + "/" + kBallastName; }
+  uint64_t bytes() const { return options_.bytes; }
+  // Whether the ballast file is there (whatever its size).
+  bool held() const;
+
+  // Creates the ballast when it is missing and at least twice its size is free. Ok also when it
+  // is not made for lack of room (*made false); an error names the file and the call that failed.
+  Status ensure(bool* made);
+  // Removes the ballast; the bytes it freed (0 when there was none).
+  uint64_t release();
+
+  // Bytes of the live write-ahead log files in the directory.
+  uint64_t log_bytes() const;
+  // Whether the disk has room for a reopen of the database: the live logs and kReopenMargin.
+  // `*need` and `*free` say how much (for the log line). An error when the space is unknown.
+  Result<bool> ready_to_reopen(uint64_t* need, uint64_t* free) const;
+
+ private:
+  DiskReserveOptions options_;
+};
+
+}  // namespace penstock::meta
