@@ -20,8 +20,11 @@ Result<DiskSpace> disk_space_of(const std::string& dir) {
   }
   DiskSpace s;
   s.total = static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize;
-  const uint64_t blocks = ::geteuid() == 0 ? vfs.f_bfree : vfs.f_bavail;
-  s.free = blocks * vfs.f_frsize;
+  // f_bavail also for root: the blocks ext4 keeps back need CAP_SYS_RESOURCE, which root in a
+  // container often lacks.
+  s.free = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  // A file system without inode counts (f_files 0, e.g. btrfs) never runs out of them.
+  s.free_inodes = vfs.f_files == 0 ? UINT64_MAX : static_cast<uint64_t>(vfs.f_favail);
   return s;
 }
 
@@ -36,56 +39,69 @@ bool DiskReserve::held() const {
 
 Status DiskReserve::ensure(bool* made) {
   *made = false;
-  if (options_.bytes == 0 || held()) return Status::ok();
+  const std::string path = ballast_path();
+  // Made under another name and renamed, so that a crash midway never leaves a short ballast; one
+  // such crash's leftover goes first.
+  const std::string tmp = path + ".tmp";
+  ::unlink(tmp.c_str());
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (static_cast<uint64_t>(st.st_size) == options_.bytes) return Status::ok();
+    ::unlink(path.c_str());  // another size was asked for (0: none)
+  }
+  if (options_.bytes == 0) return Status::ok();
   PENSTOCK_ASSIGN_OR_RETURN(DiskSpace space, options_.space(options_.dir));
   if (space.free / 2 < options_.bytes) return Status::ok();
-  const std::string path = ballast_path();
-  // Made under another name and renamed: a crash midway never leaves a short ballast behind.
-  const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Status(Code::kIo, "cannot create " + tmp + ": " + std::strerror(errno));
-  int rc = 0;
+  // posix_fallocate: fallocate(2), or where the file system lacks it, glibc writes each block.
+  int err = 0;
   do {
-    rc = ::fallocate(fd, 0, 0, static_cast<off_t>(options_.bytes));
-  } while (rc != 0 && errno == EINTR);
-  const int err = rc == 0 ? 0 : errno;
+    err = ::posix_fallocate(fd, 0, static_cast<off_t>(options_.bytes));
+  } while (err == EINTR);
   ::close(fd);
-  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) == 0) {
+  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err == 0) {
     *made = true;
     return Status::ok();
   }
-  const int why = err != 0 ? err : errno;
   ::unlink(tmp.c_str());
-  if (why == ENOSPC) return Status::ok();  // the room went meanwhile: not made
-  return Status(why == EOPNOTSUPP ? Code::kNotSupported : Code::kIo,
-                std::string(err != 0 ? "cannot allocate " : "cannot rename to ") + path + ": " + std::strerror(why));
+  if (err == ENOSPC) return Status::ok();  // the room went meanwhile: not made
+  return Status(Code::kIo, "cannot make the ballast file " + path + ": " + std::strerror(err));
 }
 
 uint64_t DiskReserve::release() {
-  const std::string path = ballast_path();
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return 0;
-  if (::unlink(path.c_str()) != 0) return 0;
-  return static_cast<uint64_t>(st.st_blocks) * 512;
+  uint64_t freed = 0;
+  for (const std::string& path : {ballast_path(), ballast_path() + ".tmp"}) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && ::unlink(path.c_str()) == 0) freed += static_cast<uint64_t>(st.st_blocks) * 512;
+  }
+  return freed;
 }
 
-uint64_t DiskReserve::log_bytes() const {
-  uint64_t sum = 0;
+uint64_t DiskReserve::reopen_bytes() const {
+  uint64_t logs = 0;
+  uint64_t manifest = 0;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(options_.dir, ec)) {
-    if (e.path().extension() != ".log") continue;
+    const std::string name = e.path().filename().string();
+    const bool is_log = e.path().extension() == ".log";
+    const bool is_manifest = name.rfind("MANIFEST-", 0) == 0;
+    if (!is_log && !is_manifest) continue;
     std::error_code size_ec;
-    const uintmax_t n = e.file_size(size_ec);
-    if (!size_ec) sum += n;
+    const uint64_t n = e.file_size(size_ec);
+    if (size_ec) continue;
+    if (is_log) logs += n;
+    if (is_manifest) manifest = std::max(manifest, n);  // the open writes the live one anew
   }
-  return sum;
+  return logs + manifest + kReopenMargin;
 }
 
 Result<bool> DiskReserve::ready_to_reopen(uint64_t* need, uint64_t* free) const {
   PENSTOCK_ASSIGN_OR_RETURN(DiskSpace space, options_.space(options_.dir));
-  *need = log_bytes() + kReopenMargin;
+  *need = reopen_bytes();
   *free = space.free;
-  return space.free >= *need;
+  return space.free >= *need && space.free_inodes >= kReopenInodes;
 }
 
 }  // namespace penstock::meta

@@ -10,11 +10,12 @@
 // fallocate) while there is room for it. After the disk filled:
 // - release() removes the ballast, and its space is the reopen's;
 // - ready_to_reopen() says whether the disk now has room for a reopen: the live log files
-//   (`*.log`) and `kReopenMargin` more.
+//   (`*.log`), the live manifest (the open writes it anew) and `kReopenMargin` more, and a few
+//   free inodes (ENOSPC may also mean none are left).
 // A reopened service recreates the ballast (ensure()) once twice its size is free again.
 //
-// The free space is what this process may use: f_bfree for root (ext4 keeps blocks for it),
-// f_bavail otherwise. Thread-safety: one thread at a time (penstock-meta's disk watch).
+// The free space is f_bavail, also for root. Thread-safety: one thread at a time (penstock-meta's
+// start and its disk watch).
 #pragma once
 
 #include <cstdint>
@@ -28,6 +29,7 @@ namespace penstock::meta {
 struct DiskSpace {
   uint64_t total = 0;  // bytes of the file system
   uint64_t free = 0;   // bytes this process may still write
+  uint64_t free_inodes = UINT64_MAX;  // files it may still make
 };
 
 // The file system holding `dir`: kIo naming the path when statvfs fails.
@@ -44,6 +46,8 @@ class DiskReserve {
   static constexpr const char* kBallastName = "PENSTOCK-BALLAST";
   // Free space a reopen needs beyond the live log files (the manifest, a new log, the options file).
   static constexpr uint64_t kReopenMargin = uint64_t{1} << 20;
+  // Files a reopen makes: a log, a manifest, a table, the options file, CURRENT's temporary.
+  static constexpr uint64_t kReopenInodes = 16;
   // The default ballast: 256 MiB, or 5 % of the file system when that is less.
   static uint64_t default_bytes(uint64_t fs_total);
 
@@ -54,15 +58,16 @@ class DiskReserve {
   // Whether the ballast file is there (whatever its size).
   bool held() const;
 
-  // Creates the ballast when it is missing and at least twice its size is free. Ok also when it
-  // is not made for lack of room (*made false); an error names the file and the call that failed.
+  // Creates the ballast when it is missing and at least twice its size is free; one of another
+  // size (or any, when `bytes` is 0) is removed first, and so is a leftover of a crash while making
+  // one. Ok also when it is not made for lack of room (*made false); an error names the file.
   Status ensure(bool* made);
-  // Removes the ballast; the bytes it freed (0 when there was none).
+  // Removes the ballast (and a leftover of making one); the bytes that freed (0 when none).
   uint64_t release();
 
-  // Bytes of the live write-ahead log files in the directory.
-  uint64_t log_bytes() const;
-  // Whether the disk has room for a reopen of the database: the live logs and kReopenMargin.
+  // Bytes a reopen of the database needs free: the live logs, the live manifest, kReopenMargin.
+  uint64_t reopen_bytes() const;
+  // Whether the disk has room for a reopen (reopen_bytes(), and kReopenInodes free inodes).
   // `*need` and `*free` say how much (for the log line). An error when the space is unknown.
   Result<bool> ready_to_reopen(uint64_t* need, uint64_t* free) const;
 

@@ -57,7 +57,7 @@ constexpr int kOpenAgain = -1;
 constexpr auto kMinReopenInterval = std::chrono::seconds(5);
 // How often the disk watch looks at the store, and how often a missing ballast is tried again.
 constexpr auto kDiskWatchPeriod = std::chrono::seconds(1);
-constexpr auto kBallastRetry = std::chrono::seconds(30);
+constexpr auto kBallastRetry = std::chrono::seconds(5);
 
 // What outlives one run() of the service in this process.
 struct RunState {
@@ -254,7 +254,15 @@ int run(const Flags& flags, RunState* state) {
   reserve_options.dir = flags.db;
   reserve_options.bytes = reserve_bytes;
   meta::DiskReserve reserve(reserve_options);
-  ensure_ballast(reserve, /*first=*/true);
+  ensure_ballast(reserve, /*at_start=*/true);
+  // The live log can hold two memtables while a flush fails: a smaller ballast may not be room
+  // enough to open the database again.
+  const uint64_t log_room = (uint64_t{2} * static_cast<uint64_t>(flags.memtable_mb) << 20) + meta::DiskReserve::kReopenMargin;
+  if (!again && reserve_bytes > 0 && reserve_bytes < log_room) {
+    PENSTOCK_LOG(Warn) << "the ballast (" << mib(reserve_bytes) << ") is smaller than two memtables and a margin ("
+                       << mib(log_room) << "): after a full disk its room may not be enough to open the database "
+                       << "again; give a larger --disk-reserve or a smaller --memtable-mb";
+  }
 
   net::IoRuntime io(1);
   meta::RpcDataNodes data_nodes(io, std::chrono::milliseconds(5000));
@@ -274,6 +282,19 @@ int run(const Flags& flags, RunState* state) {
   sopts.io_threads = flags.io_threads;
   meta::MetaServer server(svc, sopts);
   st = server.start();
+  if (!st.is_ok() && again) {
+    // Opening again after a full disk: the first run served on this port, so try it all again.
+    scrubber.stop();
+    gc.stop();
+    PENSTOCK_LOG(Error) << "cannot listen on port " << sopts.listen.port << " again: " << st.to_string()
+                        << "; trying again in 5 s (SIGTERM stops penstock-meta)";
+    const std::string sig = daemon::wait_for_termination_signal(std::chrono::seconds(5));
+    if (!sig.empty()) {
+      PENSTOCK_LOG(Info) << "got " << sig << ", stopping";
+      return 0;
+    }
+    return kOpenAgain;
+  }
   if (!st.is_ok()) {
     scrubber.stop();
     gc.stop();
@@ -337,19 +358,22 @@ int run(const Flags& flags, RunState* state) {
 
   std::string sig;
   while (sig.empty() && !open_again.load()) sig = daemon::wait_for_termination_signal(std::chrono::milliseconds(200));
-  if (!sig.empty()) {
+  // A signal wins over a reopen the disk watch decided meanwhile; one that comes later stays
+  // pending, and the next run's wait takes it.
+  const bool reopen = sig.empty();
+  if (!reopen) {
     PENSTOCK_LOG(Info) << "got " << sig << ", stopping";
   }
-  scrubber.stop();  // first: the server's stop waits for a Scrub call in flight, which this ends
-  server.stop();
   {
     std::lock_guard lock(mu);
-    stopping = true;
+    stopping = true;  // first: the disk watch decides nothing more
   }
   cv.notify_all();
-  expiry.join();
   disk_watch.join();
-  if (open_again.load()) {
+  scrubber.stop();  // before the server: its stop waits for a Scrub call in flight, which this ends
+  server.stop();
+  expiry.join();
+  if (reopen) {
     // The log refuses every write now: the opens only in memory go with this run, and every mount
     // gives its opens back to the next one (it sees the new map version).
     gc.stop();

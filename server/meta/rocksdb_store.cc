@@ -6,6 +6,7 @@
 #include <rocksdb/cache.h>
 #include <rocksdb/db.h>
 #include <rocksdb/filter_policy.h>
+#include <rocksdb/listener.h>
 #include <rocksdb/options.h>
 #include <rocksdb/table.h>
 #include <rocksdb/write_batch.h>
@@ -60,6 +61,19 @@ class RocksLogger final : public rocksdb::Logger {
     const int n = std::vsnprintf(text, sizeof text, format, ap);
     if (n > 0 && static_cast<size_t>(n) < sizeof text && text[n - 1] == '\n') text[n - 1] = '\0';
     detail::LogLine(ours, __FILE__, __LINE__).stream() << "rocksdb: " << text;
+  }
+};
+
+// Turns off RocksDB's own recovery from a background error (its SstFileManager resumes the
+// database once space is free): a resume would write the memtable, with batches whose callers
+// were told the log failed, and the WAL writer again. After a failure the store stays refusing
+// until penstock-meta opens the database anew (docs/meta-store.md, "A full disk").
+class NoAutoRecovery final : public rocksdb::EventListener {
+ public:
+  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason /*reason*/, rocksdb::Status bg_error,
+                            bool* auto_recovery) override {
+    bg_error.PermitUncheckedError();
+    *auto_recovery = false;
   }
 };
 
@@ -127,6 +141,7 @@ Result<std::unique_ptr<RocksDbStore>> RocksDbStore::open(const std::string& dir,
   // of a write() per batch under the namespace mutex. Other applied-but-unsynced batches (opens,
   // releases) may then be lost on kill -9, which is fine: docs/meta-store.md "Durability".
   opts.manual_wal_flush = true;
+  opts.listeners.push_back(std::make_shared<NoAutoRecovery>());
   if (options.write_buffer_bytes > 0) opts.write_buffer_size = options.write_buffer_bytes;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(opts, dir, &raw);
