@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -76,6 +77,18 @@ Status ensure_directory(const std::string& dir) {
     return Status(Code::kPermission, dir + " is not writable by this user; fix its owner or mode");
   }
   return Status::ok();
+}
+
+Result<DiskSpace> disk_space(const std::string& path) {
+  struct statvfs vfs {};
+  if (::statvfs(path.c_str(), &vfs) != 0) {
+    return Status(Code::kIo, "cannot read the free space of " + path + ": " + std::strerror(errno));
+  }
+  DiskSpace s;
+  s.total = static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize;
+  s.free = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  s.free_inodes = vfs.f_files == 0 ? UINT64_MAX : static_cast<uint64_t>(vfs.f_favail);
+  return s;
 }
 
 size_t raise_open_file_limit() {

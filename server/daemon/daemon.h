@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "common/base/result.h"
@@ -27,6 +28,16 @@ size_t raise_open_file_limit();
 // Creates `dir` (and parents) if missing and checks it is a writable directory.
 // kInvalid / kPermission / kIo with the path and what to do.
 Status ensure_directory(const std::string& dir);
+
+// The space of the file system holding `path`. `free` is f_bavail, also for root: the blocks ext4
+// keeps back need CAP_SYS_RESOURCE, which root in a container often lacks.
+struct DiskSpace {
+  uint64_t total = 0;                 // bytes of the file system
+  uint64_t free = 0;                  // bytes this process may still write
+  uint64_t free_inodes = UINT64_MAX;  // files it may still make (no limit where the file system counts none)
+};
+// kIo naming the path when statvfs fails.
+Result<DiskSpace> disk_space(const std::string& path);
 
 // Reads a one-line text file (e.g. a uuid); kNotFound when missing.
 Result<std::string> read_small_file(const std::string& path);

@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -210,14 +209,8 @@ Status Target::claim(const std::string& id) {
 }
 
 Result<Target::Space> Target::space() const {
-  struct statvfs vfs {};
-  if (::statvfs(path_.c_str(), &vfs) != 0) {
-    return Status(Code::kIo, "statvfs " + path_ + ": " + std::strerror(errno));
-  }
-  Space s;
-  s.capacity_bytes = static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize;
-  s.free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-  return s;
+  PENSTOCK_ASSIGN_OR_RETURN(daemon::DiskSpace d, daemon::disk_space(path_));
+  return Space{d.total, d.free};
 }
 
 std::string Target::bucket_path(uint32_t bucket) const { return path_ + "/chunks/" + bucket_name(bucket); }

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,21 +11,6 @@
 #include <system_error>
 
 namespace penstock::meta {
-
-Result<DiskSpace> disk_space_of(const std::string& dir) {
-  struct statvfs vfs {};
-  if (::statvfs(dir.c_str(), &vfs) != 0) {
-    return Status(Code::kIo, "cannot read the free space of " + dir + ": " + std::strerror(errno));
-  }
-  DiskSpace s;
-  s.total = static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize;
-  // f_bavail also for root: the blocks ext4 keeps back need CAP_SYS_RESOURCE, which root in a
-  // container often lacks.
-  s.free = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-  // A file system without inode counts (f_files 0, e.g. btrfs) never runs out of them.
-  s.free_inodes = vfs.f_files == 0 ? UINT64_MAX : static_cast<uint64_t>(vfs.f_favail);
-  return s;
-}
 
 uint64_t DiskReserve::default_bytes(uint64_t fs_total) { return std::min<uint64_t>(uint64_t{256} << 20, fs_total / 20); }
 
@@ -50,7 +34,7 @@ Status DiskReserve::ensure(bool* made) {
     ::unlink(path.c_str());  // another size was asked for (0: none)
   }
   if (options_.bytes == 0) return Status::ok();
-  PENSTOCK_ASSIGN_OR_RETURN(DiskSpace space, options_.space(options_.dir));
+  PENSTOCK_ASSIGN_OR_RETURN(daemon::DiskSpace space, options_.space(options_.dir));
   if (space.free / 2 < options_.bytes) return Status::ok();
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Status(Code::kIo, "cannot create " + tmp + ": " + std::strerror(errno));
@@ -98,7 +82,7 @@ uint64_t DiskReserve::reopen_bytes() const {
 }
 
 Result<bool> DiskReserve::ready_to_reopen(uint64_t* need, uint64_t* free) const {
-  PENSTOCK_ASSIGN_OR_RETURN(DiskSpace space, options_.space(options_.dir));
+  PENSTOCK_ASSIGN_OR_RETURN(daemon::DiskSpace space, options_.space(options_.dir));
   *need = reopen_bytes();
   *free = space.free;
   return space.free >= *need && space.free_inodes >= kReopenInodes;

@@ -14,7 +14,7 @@
 //   free inodes (ENOSPC may also mean none are left).
 // A reopened service recreates the ballast (ensure()) once twice its size is free again.
 //
-// The free space is f_bavail, also for root. Thread-safety: one thread at a time (penstock-meta's
+// The free space is daemon::disk_space's (f_bavail, also for root). Thread-safety: one thread at a time (penstock-meta's
 // start and its disk watch).
 #pragma once
 
@@ -23,22 +23,14 @@
 #include <string>
 
 #include "common/base/result.h"
+#include "server/daemon/daemon.h"
 
 namespace penstock::meta {
-
-struct DiskSpace {
-  uint64_t total = 0;  // bytes of the file system
-  uint64_t free = 0;   // bytes this process may still write
-  uint64_t free_inodes = UINT64_MAX;  // files it may still make
-};
-
-// The file system holding `dir`: kIo naming the path when statvfs fails.
-Result<DiskSpace> disk_space_of(const std::string& dir);
 
 struct DiskReserveOptions {
   std::string dir;     // the database directory
   uint64_t bytes = 0;  // the ballast's size; 0: no ballast
-  std::function<Result<DiskSpace>(const std::string&)> space = disk_space_of;  // injectable for tests
+  std::function<Result<daemon::DiskSpace>(const std::string&)> space = daemon::disk_space;  // injectable for tests
 };
 
 class DiskReserve {

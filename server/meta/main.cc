@@ -210,7 +210,7 @@ int run(const Flags& flags, RunState* state) {
   }
   uint64_t reserve_bytes = 0;
   if (flags.disk_reserve.empty()) {
-    if (auto space = meta::disk_space_of(flags.db); space.has_value()) {
+    if (auto space = daemon::disk_space(flags.db); space.has_value()) {
       reserve_bytes = meta::DiskReserve::default_bytes(space->total);
     }
   } else {

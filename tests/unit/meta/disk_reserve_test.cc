@@ -26,10 +26,10 @@ struct Fixture {
     DiskReserveOptions o;
     o.dir = dir.path();
     o.bytes = bytes;
-    o.space = [this](const std::string& path) -> Result<DiskSpace> {
+    o.space = [this](const std::string& path) -> Result<daemon::DiskSpace> {
       if (space_fails) return Status(Code::kIo, "statvfs failed");
       (void)path;
-      return DiskSpace{uint64_t{1} << 40, free, free_inodes};
+      return daemon::DiskSpace{uint64_t{1} << 40, free, free_inodes};
     };
     return DiskReserve(o);
   }
@@ -168,11 +168,11 @@ TEST(DiskReserveTest, ABallastOfAnotherSizeIsMadeAgainAndSizeZeroRemovesIt) {
 
 TEST(DiskReserveTest, TheRealFreeSpaceOfTheTempDirectoryIsRead) {
   testing::TempDir dir;
-  auto space = disk_space_of(dir.path());
+  auto space = daemon::disk_space(dir.path());
   ASSERT_TRUE(space.has_value()) << space.error().to_string();
   EXPECT_GT(space->total, 0u);
   EXPECT_LE(space->free, space->total);
-  EXPECT_FALSE(disk_space_of(dir.path() + "/missing").has_value());
+  EXPECT_FALSE(daemon::disk_space(dir.path() + "/missing").has_value());
 }
 
 }  // namespace
