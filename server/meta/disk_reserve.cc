@@ -30,8 +30,11 @@ Status DiskReserve::ensure(bool* made) {
   ::unlink(tmp.c_str());
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {
-    if (static_cast<uint64_t>(st.st_size) == options_.bytes) return Status::ok();
-    ::unlink(path.c_str());  // another size was asked for (0: none)
+    // Its size and its blocks (a sparse copy holds no room).
+    if (static_cast<uint64_t>(st.st_size) == options_.bytes && static_cast<uint64_t>(st.st_blocks) * 512 >= options_.bytes) {
+      return Status::ok();
+    }
+    ::unlink(path.c_str());  // another size was asked for (0: none), or it holds no room
   }
   if (options_.bytes == 0) return Status::ok();
   PENSTOCK_ASSIGN_OR_RETURN(daemon::DiskSpace space, options_.space(options_.dir));
@@ -67,7 +70,9 @@ uint64_t DiskReserve::reopen_bytes() const {
   uint64_t logs = 0;
   uint64_t manifest = 0;
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(options_.dir, ec)) {
+  // increment(ec), not a range-for: that throws when reading the directory fails.
+  for (std::filesystem::directory_iterator it(options_.dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::filesystem::directory_entry& e = *it;
     const std::string name = e.path().filename().string();
     const bool is_log = e.path().extension() == ".log";
     const bool is_manifest = name.rfind("MANIFEST-", 0) == 0;
@@ -82,8 +87,8 @@ uint64_t DiskReserve::reopen_bytes() const {
 }
 
 Result<bool> DiskReserve::ready_to_reopen(uint64_t* need, uint64_t* free) const {
-  PENSTOCK_ASSIGN_OR_RETURN(daemon::DiskSpace space, options_.space(options_.dir));
   *need = reopen_bytes();
+  PENSTOCK_ASSIGN_OR_RETURN(daemon::DiskSpace space, options_.space(options_.dir));
   *free = space.free;
   return space.free >= *need && space.free_inodes >= kReopenInodes;
 }

@@ -228,6 +228,10 @@ int run(const Flags& flags, RunState* state) {
   opts.entry_leases.term_ns = static_cast<int64_t>(flags.entry_lease_s * 1e9);
   opts.dir_leases.term_ns = flags.dir_lease_ms * 1'000'000;
   const bool again = state->runs++ > 0;
+  meta::DiskReserveOptions reserve_options;
+  reserve_options.dir = flags.db;
+  reserve_options.bytes = reserve_bytes;
+  meta::DiskReserve reserve(reserve_options);
   Opened opened;
   for (;;) {
     auto o = open_service(flags, opts);
@@ -239,21 +243,24 @@ int run(const Flags& flags, RunState* state) {
       PENSTOCK_LOG(Error) << o.error().to_string();
       return 1;
     }
-    // Opening again after a full disk: until it works there is nothing to serve; try until stopped.
+    // Opening again after a full disk: until it works there is nothing to serve. Tried again every
+    // 5 s once the disk has room for it (a failed open may leave files that take more), until stopped.
     PENSTOCK_LOG(Error) << "opening the metadata database again failed: " << o.error().to_string()
-                        << "; trying again in 5 s (SIGTERM stops penstock-meta)";
-    const std::string sig = daemon::wait_for_termination_signal(std::chrono::seconds(5));
-    if (!sig.empty()) {
-      PENSTOCK_LOG(Info) << "got " << sig << ", stopping";
-      return 0;
+                        << "; trying again when there is room, every 5 s (SIGTERM stops penstock-meta)";
+    for (bool room = false; !room;) {
+      const std::string sig = daemon::wait_for_termination_signal(std::chrono::seconds(5));
+      if (!sig.empty()) {
+        PENSTOCK_LOG(Info) << "got " << sig << ", stopping";
+        return 0;
+      }
+      uint64_t need = 0;
+      uint64_t free = 0;
+      const Result<bool> ready = reserve.ready_to_reopen(&need, &free);
+      room = !ready.has_value() || *ready;  // unknown space: try all the same
     }
   }
   if (again) state->last_open = std::chrono::steady_clock::now();
   meta::MetaService& svc = *opened.service;
-  meta::DiskReserveOptions reserve_options;
-  reserve_options.dir = flags.db;
-  reserve_options.bytes = reserve_bytes;
-  meta::DiskReserve reserve(reserve_options);
   ensure_ballast(reserve, /*at_start=*/true);
   // The live log can hold two memtables while a flush fails: a smaller ballast may not be room
   // enough to open the database again.
@@ -360,6 +367,8 @@ int run(const Flags& flags, RunState* state) {
   while (sig.empty() && !open_again.load()) sig = daemon::wait_for_termination_signal(std::chrono::milliseconds(200));
   // A signal wins over a reopen the disk watch decided meanwhile; one that comes later stays
   // pending, and the next run's wait takes it.
+  // Also one that came with the decision.
+  if (sig.empty()) sig = daemon::wait_for_termination_signal(std::chrono::milliseconds(0));
   const bool reopen = sig.empty();
   if (!reopen) {
     PENSTOCK_LOG(Info) << "got " << sig << ", stopping";

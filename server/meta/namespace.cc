@@ -1793,7 +1793,7 @@ T MetaService::durable(T result) {
 template <class T>
 T MetaService::handed(T result) {
   Status st = store_->sync_soon();
-  if (!st.is_ok()) return st.with_context("the change is applied but not in the write-ahead log, and is gone once the database is opened again");
+  if (!st.is_ok()) return st.with_context("the change is applied but not in the write-ahead log, and may be lost when the database is opened again");
   return result;
 }
 

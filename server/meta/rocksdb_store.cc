@@ -142,6 +142,8 @@ Result<std::unique_ptr<RocksDbStore>> RocksDbStore::open(const std::string& dir,
   // releases) may then be lost on kill -9, which is fine: docs/meta-store.md "Durability".
   opts.manual_wal_flush = true;
   opts.listeners.push_back(std::make_shared<NoAutoRecovery>());
+  // Nor resumes after a retryable I/O error (that path does not ask the listener).
+  opts.max_bgerror_resume_count = 0;
   if (options.write_buffer_bytes > 0) opts.write_buffer_size = options.write_buffer_bytes;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(opts, dir, &raw);
@@ -156,7 +158,7 @@ Result<std::unique_ptr<RocksDbStore>> RocksDbStore::open(const std::string& dir,
       return Status(Code::kPermission, "cannot open the metadata database in " + dir + ": " + text +
                                            "; fix the directory's owner or mode, or pick another --db");
     }
-    Code code = s.IsCorruption() ? Code::kCorrupt : Code::kIo;
+    const Code code = s.IsCorruption() ? Code::kCorrupt : s.IsNoSpace() ? Code::kNoSpace : Code::kIo;
     return Status(code, "cannot open the metadata database in " + dir + ": " + text +
                             "; check that the directory exists and is writable, or pick another --db");
   }
