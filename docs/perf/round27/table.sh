@@ -1,0 +1,17 @@
+#!/bin/bash
+# Round 27: #3's table at the default sizes, current build, fresh cluster.
+cd /work/main
+B=build-perf/tools/bench/penstock-bench; L=/var/tmp/bench-local; M=/var/tmp/mT27; O=/var/tmp/r27
+rm -rf /var/tmp/st-T27
+[ "$(cat /sys/module/fuse/parameters/enable_uring)" = N ] || { echo "enable_uring is not N"; exit 1; }
+PENSTOCK_BUILD=build-perf deploy/local-cluster up --state /var/tmp/st-T27 --mount $M > $O/up.log 2>&1 || { echo up failed; exit 1; }
+echo "Round 27, build $(git rev-parse --short HEAD): penstock-bench compare WORKLOAD $L $M --runs 3 [--drop-caches for the read workloads] --plot WORKLOAD.svg, every workload at its default sizes; one cluster (3 data servers, release build), mount $M on /dev/fuse." > $O/table.txt
+for w in meta train-small ckpt-write ckpt-restore restore-fanout train-seq train-rand mixed accel; do
+  extra=""
+  case $w in train-small|ckpt-restore|restore-fanout|train-seq|train-rand) extra="--drop-caches";; esac
+  bash docs/perf/round27/quiet.sh  # waits until the disk has been quiet 3 s
+  echo "===== $w  ($(date -u +%H:%M:%S))" >> $O/table.txt
+  $B compare $w $L $M --runs 3 $extra --plot $O/$w.svg >> $O/table.txt 2>&1
+done
+echo "===== done $(date -u +%H:%M:%S)" >> $O/table.txt
+PENSTOCK_BUILD=build-perf deploy/local-cluster down --state /var/tmp/st-T27 >> $O/up.log 2>&1
