@@ -301,6 +301,7 @@ void CreateBehind::barrier() {
 
 Result<pm::CreateBatchResp> CreateBehind::send_batch(const pm::CreateBatchReq& req, Clock::time_point* sent) {
   const Clock::time_point give_up = Clock::now() + options_.batch_retry_for;
+  const Clock::time_point no_space_give_up = Clock::now() + options_.no_space_retry_for;
   Backoff backoff(std::chrono::milliseconds(2), std::chrono::milliseconds(500));
   pm::CreateBatchReq again;  // a resend asks for no numbers: those of a lost reply are not known here
   for (int attempt = 1;; ++attempt) {
@@ -308,9 +309,9 @@ Result<pm::CreateBatchResp> CreateBehind::send_batch(const pm::CreateBatchReq& r
     auto r = rpc_.batch(attempt == 1 ? req : again);
     if (r.has_value()) return r;
     const Code code = r.error().code();
-    if (!(failed_in_transit(code) || code == Code::kBusy) || !backoff.fits(give_up) || rpc_.session() != req.session) {
-      return r;
-    }
+    const bool again_later = failed_in_transit(code) || code == Code::kBusy ||
+                             (code == Code::kNoSpace && Clock::now() < no_space_give_up);
+    if (!again_later || !backoff.fits(give_up) || rpc_.session() != req.session) return r;
     if (attempt == 1) {
       again = req;
       again.want_inodes = 0;

@@ -20,8 +20,9 @@
 // A flusher thread sends what is queued every `flush_interval` (or at once when `max_batch` are
 // queued or someone waits in barrier()), one CreateBatch per directory; each reply renews the lease
 // and tops up the pool. A batch that arrives after the lease ended is still applied; one whose call
-// failed on the way is sent again (for `batch_retry_for`). A create the server refuses (another
-// mount made the same name meanwhile, a penstock-meta restart forgot the session) is logged as an
+// failed on the way is sent again (for `batch_retry_for`), and so is one refused for a full disk
+// (for `no_space_retry_for`). A create the server refuses (another mount made the same name
+// meanwhile, a penstock-meta restart forgot the session, a disk full for longer) is logged as an
 // error: the application was told it exists; later calls on it fail.
 //
 // Ordering: every other meta call of this client first waits in barrier() until everything queued
@@ -64,6 +65,11 @@ struct CreateBehindOptions {
   // holds the directory now) is sent again, with a growing pause, for this long: the server answers
   // a resent create it applied already as before (meta_service.h, CreateBatch).
   std::chrono::milliseconds batch_retry_for{30000};
+  // A batch refused for a full metadata disk (kNoSpace: nothing of it applied) is sent again for
+  // this long (at most batch_retry_for): penstock-meta opens its database again in its ballast's
+  // room within about a second (docs/meta-store.md, "A full disk"). Short, since this mount's
+  // other meta calls wait for the batch meanwhile.
+  std::chrono::milliseconds no_space_retry_for{5000};
 };
 
 struct CreateBehindStats {

@@ -325,6 +325,42 @@ TEST(CreateBehindTest, ABatchThatFailsOnTheWayOrWaitsIsSentAgainUntilItIsAnswere
   EXPECT_FALSE(gives_up.known_absent(kDir, "zzz"));
 }
 
+// penstock-meta refuses a whole batch with kNoSpace while its disk is full, and opens its database
+// again in its ballast's room about a second later: the batch is sent again for a while.
+TEST(CreateBehindTest, ABatchRefusedForAFullDiskIsSentAgainForAWhile) {
+  FakeMeta meta;
+  CreateBehindOptions o = options();
+  CreateBehind cb(o, meta.rpc());
+  burst(cb);
+  meta.fail_batches = 2;
+  meta.fail_code = Code::kNoSpace;
+  ASSERT_TRUE(cb.create(kDir, "a", 0644, kCaller).has_value());
+  cb.barrier();
+  {
+    std::lock_guard lock(meta.mu);
+    EXPECT_EQ(meta.created, (std::vector<std::string>{"a"}));
+  }
+  EXPECT_EQ(cb.stats().resent, 2u);
+  EXPECT_EQ(cb.stats().failed, 0u);
+  EXPECT_TRUE(cb.known_absent(kDir, "zzz")) << "the lease goes on";
+
+  // Full for longer than no_space_retry_for: given up, counted as failed, lease dropped.
+  FakeMeta full;
+  o.no_space_retry_for = 50ms;
+  CreateBehind gives_up(o, full.rpc());
+  burst(gives_up);
+  full.fail_batches = -1;
+  full.fail_code = Code::kNoSpace;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(gives_up.create(kDir, "x", 0644, kCaller).has_value());
+  gives_up.barrier();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(o.batch_retry_for.count() / 2))
+      << "a full disk is retried only for no_space_retry_for";
+  EXPECT_EQ(gives_up.stats().failed, 1u);
+  EXPECT_GE(gives_up.stats().resent, 1u);
+  EXPECT_FALSE(gives_up.known_absent(kDir, "zzz"));
+}
+
 TEST(CreateBehindTest, OwnChangesKeepTheNamesRight) {
   FakeMeta meta;
   CreateBehind cb(options(), meta.rpc());
