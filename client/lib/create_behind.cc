@@ -301,7 +301,7 @@ void CreateBehind::barrier() {
 
 Result<pm::CreateBatchResp> CreateBehind::send_batch(const pm::CreateBatchReq& req, Clock::time_point* sent) {
   const Clock::time_point give_up = Clock::now() + options_.batch_retry_for;
-  const Clock::time_point no_space_give_up = Clock::now() + options_.no_space_retry_for;
+  std::optional<Clock::time_point> no_space_give_up;  // from the first refusal for a full disk
   Backoff backoff(std::chrono::milliseconds(2), std::chrono::milliseconds(500));
   pm::CreateBatchReq again;  // a resend asks for no numbers: those of a lost reply are not known here
   for (int attempt = 1;; ++attempt) {
@@ -309,17 +309,21 @@ Result<pm::CreateBatchResp> CreateBehind::send_batch(const pm::CreateBatchReq& r
     auto r = rpc_.batch(attempt == 1 ? req : again);
     if (r.has_value()) return r;
     const Code code = r.error().code();
+    if (code == Code::kNoSpace && !no_space_give_up.has_value()) {
+      no_space_give_up = Clock::now() + options_.no_space_retry_for;
+    }
     const bool again_later = failed_in_transit(code) || code == Code::kBusy ||
-                             (code == Code::kNoSpace && Clock::now() < no_space_give_up);
+                             (code == Code::kNoSpace && backoff.fits(*no_space_give_up));
     if (!again_later || !backoff.fits(give_up) || rpc_.session() != req.session) return r;
     if (attempt == 1) {
       again = req;
       again.want_inodes = 0;
     }
     if (attempt == 1 && code != Code::kBusy) {
+      const auto retry_for = code == Code::kNoSpace ? options_.no_space_retry_for : options_.batch_retry_for;
       PENSTOCK_LOG(Warn) << "sending " << req.entries.size() << " files created behind in directory "
                          << req.dir.to_string() << " to penstock-meta failed (" << r.error().to_string()
-                         << "); sending them again for up to " << options_.batch_retry_for.count() << " ms";
+                         << "); sending them again for up to " << retry_for.count() << " ms";
     }
     {
       std::lock_guard lock(mu_);

@@ -65,10 +65,11 @@ struct CreateBehindOptions {
   // holds the directory now) is sent again, with a growing pause, for this long: the server answers
   // a resent create it applied already as before (meta_service.h, CreateBatch).
   std::chrono::milliseconds batch_retry_for{30000};
-  // A batch refused for a full metadata disk (kNoSpace: nothing of it applied) is sent again for
-  // this long (at most batch_retry_for): penstock-meta opens its database again in its ballast's
-  // room within about a second (docs/meta-store.md, "A full disk"). Short, since this mount's
-  // other meta calls wait for the batch meanwhile.
+  // A batch refused for a full metadata disk (kNoSpace) is sent again for this long from the first
+  // refusal (within batch_retry_for): penstock-meta opens its database again in its ballast's room
+  // about a second later (docs/meta-store.md, "A full disk"), and answers a resent entry as before
+  // whether or not the refused send applied it. Short, since this mount's other meta calls wait
+  // for the batch meanwhile.
   std::chrono::milliseconds no_space_retry_for{5000};
 };
 
