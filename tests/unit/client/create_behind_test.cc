@@ -289,6 +289,26 @@ TEST(CreateBehindTest, RefusedCreatesAndFailedBatchesAreCountedAndTheirNamesForg
   EXPECT_FALSE(cb.known_absent(kDir, "zzz")) << "after a failed batch nothing is answered here";
 }
 
+// One file created behind a lease from a meta server that fails every batch with `code`: what
+// the mount counted once it gave the batch up, whether it still answers for the directory, and how
+// long the create's barrier took.
+struct GivenUp {
+  CreateBehindStats stats;
+  bool still_leased = false;
+  std::chrono::steady_clock::duration took{};
+};
+GivenUp create_where_every_batch_fails(const CreateBehindOptions& o, Code code) {
+  FakeMeta meta;
+  CreateBehind cb(o, meta.rpc());
+  burst(cb);
+  meta.fail_batches = -1;
+  meta.fail_code = code;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(cb.create(kDir, "x", 0644, kCaller).has_value());
+  cb.barrier();
+  return GivenUp{cb.stats(), cb.known_absent(kDir, "zzz"), std::chrono::steady_clock::now() - t0};
+}
+
 TEST(CreateBehindTest, ABatchThatFailsOnTheWayOrWaitsIsSentAgainUntilItIsAnswered) {
   FakeMeta meta;
   CreateBehindOptions o = options();
@@ -313,16 +333,11 @@ TEST(CreateBehindTest, ABatchThatFailsOnTheWayOrWaitsIsSentAgainUntilItIsAnswere
   EXPECT_TRUE(cb.known_absent(kDir, "zzz")) << "the lease goes on";
 
   // Unreachable for longer than batch_retry_for: given up, counted as failed, lease dropped.
-  FakeMeta down;
   o.batch_retry_for = 50ms;
-  CreateBehind gives_up(o, down.rpc());
-  burst(gives_up);
-  down.fail_batches = -1;
-  ASSERT_TRUE(gives_up.create(kDir, "x", 0644, kCaller).has_value());
-  gives_up.barrier();
-  EXPECT_EQ(gives_up.stats().failed, 1u);
-  EXPECT_GE(gives_up.stats().resent, 2u);
-  EXPECT_FALSE(gives_up.known_absent(kDir, "zzz"));
+  const GivenUp down = create_where_every_batch_fails(o, Code::kUnavailable);
+  EXPECT_EQ(down.stats.failed, 1u);
+  EXPECT_GE(down.stats.resent, 2u);
+  EXPECT_FALSE(down.still_leased);
 }
 
 // penstock-meta refuses a whole batch with kNoSpace while its disk is full, and opens its database
@@ -345,20 +360,13 @@ TEST(CreateBehindTest, ABatchRefusedForAFullDiskIsSentAgainForAWhile) {
   EXPECT_TRUE(cb.known_absent(kDir, "zzz")) << "the lease goes on";
 
   // Full for longer than no_space_retry_for: given up, counted as failed, lease dropped.
-  FakeMeta full;
   o.no_space_retry_for = 50ms;
-  CreateBehind gives_up(o, full.rpc());
-  burst(gives_up);
-  full.fail_batches = -1;
-  full.fail_code = Code::kNoSpace;
-  const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_TRUE(gives_up.create(kDir, "x", 0644, kCaller).has_value());
-  gives_up.barrier();
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(o.batch_retry_for.count() / 2))
+  const GivenUp full = create_where_every_batch_fails(o, Code::kNoSpace);
+  EXPECT_LT(full.took, std::chrono::milliseconds(o.batch_retry_for.count() / 2))
       << "a full disk is retried only for no_space_retry_for";
-  EXPECT_EQ(gives_up.stats().failed, 1u);
-  EXPECT_GE(gives_up.stats().resent, 1u);
-  EXPECT_FALSE(gives_up.known_absent(kDir, "zzz"));
+  EXPECT_EQ(full.stats.failed, 1u);
+  EXPECT_GE(full.stats.resent, 1u);
+  EXPECT_FALSE(full.still_leased);
 }
 
 TEST(CreateBehindTest, OwnChangesKeepTheNamesRight) {
