@@ -365,9 +365,9 @@ int run(const Flags& flags, RunState* state) {
 
   std::string sig;
   while (sig.empty() && !open_again.load()) sig = daemon::wait_for_termination_signal(std::chrono::milliseconds(200));
-  // A signal wins over a reopen the disk watch decided meanwhile; one that comes later stays
-  // pending, and the next run's wait takes it.
-  // Also one that came with the decision.
+  // A signal wins over a reopen the disk watch decided, also one that came with the decision
+  // (looked for once more here); one that comes later stays pending, and the next run's wait
+  // takes it.
   if (sig.empty()) sig = daemon::wait_for_termination_signal(std::chrono::milliseconds(0));
   const bool reopen = sig.empty();
   if (!reopen) {
