@@ -19,12 +19,16 @@ namespace {
 
 rocksdb::Slice slice(std::string_view s) { return rocksdb::Slice(s.data(), s.size()); }
 
+// Our code for a failed RocksDB status.
+Code code_of(const rocksdb::Status& s) {
+  if (s.IsCorruption()) return Code::kCorrupt;
+  if (s.IsNoSpace()) return Code::kNoSpace;
+  return Code::kIo;
+}
+
 Status from_rocks(const rocksdb::Status& s, const std::string& what) {
   if (s.ok()) return Status::ok();
-  Code code = Code::kIo;
-  if (s.IsCorruption()) code = Code::kCorrupt;
-  if (s.IsNoSpace()) code = Code::kNoSpace;
-  return Status(code, what + ": " + s.ToString());
+  return Status(code_of(s), what + ": " + s.ToString());
 }
 
 // The smallest key greater than every key starting with `prefix`; empty when there is none.
@@ -158,8 +162,7 @@ Result<std::unique_ptr<RocksDbStore>> RocksDbStore::open(const std::string& dir,
       return Status(Code::kPermission, "cannot open the metadata database in " + dir + ": " + text +
                                            "; fix the directory's owner or mode, or pick another --db");
     }
-    const Code code = s.IsCorruption() ? Code::kCorrupt : s.IsNoSpace() ? Code::kNoSpace : Code::kIo;
-    return Status(code, "cannot open the metadata database in " + dir + ": " + text +
+    return Status(code_of(s), "cannot open the metadata database in " + dir + ": " + text +
                             "; check that the directory exists and is writable, or pick another --db");
   }
   return std::unique_ptr<RocksDbStore>(
