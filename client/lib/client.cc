@@ -289,6 +289,16 @@ constexpr bool kSafeToRepeat =
     std::is_same_v<M, meta::ListXattr> || std::is_same_v<M, meta::GetLayout> ||
     std::is_same_v<M, meta::GetClusterMap> || std::is_same_v<M, meta::SyncLog>;
 
+// An Open may have been applied before its connection was lost, yet it goes again too: a repeat
+// can count it once too often (the file's space, should it be unlinked, then waits for the
+// session's end, as after a lost release), never once too few (a restarted server adds the opens
+// it counted since its start to those the mount gives back, server/meta/namespace.h,
+// opened_unreclaimed_). Failing instead fails the application's open() whenever penstock-meta
+// crashes, restarts or opens its database again (a full disk) under it.
+template <class M>
+constexpr bool kRepeatMayCountTwice = std::is_same_v<M, meta::Open>;
+template <class M>
+constexpr bool kRepeatedWhenLost = kSafeToRepeat<M> || kRepeatMayCountTwice<M>;
 
 // An error of a Replay named as the change it carried ("Rmdir: ..." for "ReplayWaiting: ...").
 Status named_as_change(const Status& st, std::string_view envelope, std::string_view change) {
@@ -300,13 +310,20 @@ Status named_as_change(const Status& st, std::string_view envelope, std::string_
 template <class M>
 Result<typename M::Response> send_to_meta(rpc::RpcClient& meta, const typename M::Request& req,
                                           std::chrono::milliseconds timeout) {
-  if constexpr (!kSafeToRepeat<M>) {
+  if constexpr (!kRepeatedWhenLost<M>) {
     return meta.call<M>(req);
   } else {
     const auto give_up = Backoff::Clock::now() + timeout;
     Backoff backoff(std::chrono::milliseconds(5), std::chrono::milliseconds(200));
-    for (;;) {
+    for (bool again = false;; again = true) {
       auto r = meta.call<M>(req);
+      if constexpr (kRepeatMayCountTwice<M>) {
+        if (again && r.has_value()) PENSTOCK_LOG(Info) << M::kName << " reached penstock-meta again and was answered";
+        if (!again && !r.has_value() && r.error().code() == Code::kUnavailable) {
+          PENSTOCK_LOG(Info) << M::kName << " got no answer from penstock-meta (" << r.error().to_string()
+                             << "); sending it again until it is answered";
+        }
+      }
       if (r.has_value() || r.error().code() != Code::kUnavailable || !backoff.sleep_before(give_up)) return r;
     }
   }

@@ -723,7 +723,7 @@ Status MetaService::close_session_applied(const pm::SessionReq& req) {
     }
     PENSTOCK_RETURN_IF_ERROR(drop_opens_of_session(req.session, &queued).with_context("close session " + req.session.to_string()));
     sessions_.erase(req.session.value);
-    unreclaimed_.erase(req.session.value);
+    reclaimed_locked(req.session.value);
     dir_leases_.drop_session(req.session);
     PENSTOCK_LOG(Info) << "session " << req.session.value << " closed";
   }
@@ -1315,14 +1315,33 @@ Status MetaService::add_open_locked(SessionId session, InodeId ino, bool orphan)
   WriteBatch batch;
   if (orphan) opens_.store_inode(ino, &batch);
   opens_.flush_aged(now, options_.open_store_delay_ns, &batch);
-  if (batch.empty()) return Status::ok();
-  if (Status st = store_->apply(batch); !st.is_ok()) {
-    opens_.written_dropped();
-    opens_.drop(session, ino, 1, now);
-    return st;
+  if (!batch.empty()) {
+    if (Status st = store_->apply(batch); !st.is_ok()) {
+      opens_.written_dropped();
+      opens_.drop(session, ino, 1, now);
+      return st;
+    }
+    opens_.written_applied();
   }
-  opens_.written_applied();
+  if (unreclaimed_.count(session.value) != 0) ++opened_unreclaimed_[session.value][ino.value];
   return Status::ok();
+}
+
+void MetaService::released_locked(SessionId session, InodeId ino, uint32_t times) {
+  auto s = opened_unreclaimed_.find(session.value);
+  if (s == opened_unreclaimed_.end()) return;
+  auto i = s->second.find(ino.value);
+  if (i == s->second.end()) return;
+  if (i->second > times) {
+    i->second -= times;
+  } else {
+    s->second.erase(i);
+  }
+}
+
+void MetaService::reclaimed_locked(uint64_t session) {
+  unreclaimed_.erase(session);
+  opened_unreclaimed_.erase(session);
 }
 
 // Drops `times` opens of `ino` by `session` in `txn`; the last one finalizes an unlinked inode that
@@ -1350,6 +1369,7 @@ Status MetaService::release_applied(const pm::ReleaseReq& req) {
     PENSTOCK_RETURN_IF_ERROR(release_in(txn, req.session, req.ino, 1, &queued));
     opens_.flush_aged(options_.now(), options_.open_store_delay_ns, &txn.batch());
     PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("release inode " + req.ino.to_string()));
+    released_locked(req.session, req.ino, 1);
   }
   notify_gc(queued);
   return Status::ok();
@@ -1372,6 +1392,9 @@ Status MetaService::release_many_applied(const pm::ReleaseManyReq& req) {
     if (st.is_ok()) {
       opens_.flush_aged(options_.now(), options_.open_store_delay_ns, &txn.batch());
       st = txn.commit().with_context("release " + std::to_string(times.size()) + " inodes");
+    }
+    if (st.is_ok()) {
+      for (const auto& [ino, n] : times) released_locked(req.session, InodeId(ino), n);
     }
   }
   if (st.is_ok()) {
@@ -1616,9 +1639,13 @@ Status MetaService::reclaim_opens_applied(const pm::ReclaimOpensReq& req, bool* 
     PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.find(o.ino));
     if (rec == nullptr) continue;  // gone, or a create behind not applied yet (its batch opens it)
     const uint32_t have = opens_.count(req.session, o.ino);
-    if (o.count <= have) continue;
-    opens_.add(req.session, o.ino, now, o.count - have);
-    txn.undo_on_failure([this, s = req.session, ino = o.ino, n = o.count - have] { opens_.drop(s, ino, n, 0); });
+    uint32_t want = o.count;
+    if (auto s = opened_unreclaimed_.find(req.session.value); s != opened_unreclaimed_.end()) {
+      if (auto i = s->second.find(o.ino.value); i != s->second.end()) want += i->second;
+    }
+    if (want <= have) continue;
+    opens_.add(req.session, o.ino, now, want - have);
+    txn.undo_on_failure([this, s = req.session, ino = o.ino, n = want - have] { opens_.drop(s, ino, n, 0); });
     if (rec->attr.nlink == 0) {
       opens_.store_inode(o.ino, &txn.batch());  // an orphan's opens are kept at once
       *wrote = true;
@@ -1630,7 +1657,7 @@ Status MetaService::reclaim_opens_applied(const pm::ReclaimOpensReq& req, bool* 
     PENSTOCK_LOG(Info) << "session " << req.session.to_string() << " sent " << added
                        << " open(s) this server had not kept across its restart";
   }
-  if (req.last) unreclaimed_.erase(req.session.value);
+  if (req.last) reclaimed_locked(req.session.value);
   return end_reclaim_grace_locked(now, queued);
 }
 
@@ -1664,7 +1691,7 @@ Status MetaService::expire_applied() {
         continue;
       }
       sessions_.erase(id);
-      unreclaimed_.erase(id);
+      reclaimed_locked(id);
       dir_leases_.drop_session(SessionId(id));
       PENSTOCK_LOG(Info) << "session " << id << " expired (no heartbeat within the lease); its opens were dropped";
     }
@@ -2166,6 +2193,7 @@ Status MetaService::remove_xattr(const pm::GetXattrReq& req) { return durable(re
 // release lost in a crash only keeps an orphan until its session ends; the collector syncs before
 // it removes anything. docs/meta-store.md "Durability" and "Open records".
 Result<pm::AttrResp> MetaService::open_file(const pm::OpenReq& req) {
+  if (options_.on_open) options_.on_open();
   bool orphan = false;
   auto r = open_file_applied(req, &orphan);
   return orphan ? durable(std::move(r)) : r;

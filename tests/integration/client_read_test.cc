@@ -6,7 +6,10 @@
 // absence of security.capability (asked before every write); and renames that wait out entry
 // leases beside creates.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -977,6 +980,64 @@ TEST_F(ClientReplayTest, AChangeWhoseReplyARestartLostIsAnsweredOnce) {
   EXPECT_TRUE(client_->mkdir(InodeId{1}, "victim", S_IFDIR | 0755, root).has_value());
   EXPECT_TRUE(client_->rmdir(InodeId{1}, "victim").is_ok());
   c2.reset();
+}
+
+// Shuts down (SHUT_RDWR) every TCP connection this process accepted on `port`: its peers see the
+// server go away (FIN) after it read what they sent, as when penstock-meta crashes or stops to
+// open its database again (server/meta/main.cc) with a call in hand.
+void cut_connections_accepted_on(uint16_t port) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    int fd = -1;
+    try {
+      fd = std::stoi(e.path().filename().string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    sockaddr_in local{}, peer{};
+    socklen_t n = sizeof local, m = sizeof peer;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &n) != 0 || local.sin_family != AF_INET) continue;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &m) != 0) continue;  // the listener
+    if (ntohs(local.sin_port) == port) shutdown(fd, SHUT_RDWR);
+  }
+}
+
+// An Open whose connection is lost after the server read it is sent again instead of failing the
+// open (EIO); a repeat can count it once too often, never once too few (client.cc,
+// kRepeatMayCountTwice).
+class ClientLostOpenTest : public ClientReadTest {
+ protected:
+  void adjust(testing::InProcessClusterOptions& o) override {
+    o.adjust_meta = [this](meta::MetaOptions& mo) {
+      mo.on_open = [this] {
+        if (!cut_next_.exchange(false)) return;
+        cut_connections_accepted_on(meta_port_.load());
+        cuts_.fetch_add(1);
+      };
+    };
+  }
+  std::atomic<bool> cut_next_{false};
+  std::atomic<uint16_t> meta_port_{0};
+  std::atomic<int> cuts_{0};
+};
+
+TEST_F(ClientLostOpenTest, AnOpenWhoseConnectionIsLostAfterTheServerReadItIsSentAgain) {
+  const std::vector<uint8_t> data = testing::seeded_bytes(200000, 71);
+  const proto::InodeAttr f = write_closed("opened-again", data);
+  ASSERT_NE(f.ino.value, 0u);
+  auto endpoint = net::Endpoint::parse(cluster_.meta_address());
+  ASSERT_TRUE(endpoint.has_value());
+  meta_port_.store(endpoint->port);
+  cut_next_.store(true);
+  auto opened = client_->open(f.ino, O_RDONLY);
+  EXPECT_EQ(cuts_.load(), 1) << "the Open never reached the server";
+  ASSERT_TRUE(opened.has_value()) << opened.error().to_string();
+  EXPECT_EQ(opened->size, data.size());
+  std::vector<uint8_t> back(data.size());
+  auto n = client_->read(f.ino, opened->layout, opened->size, 0, back);
+  ASSERT_TRUE(n.has_value()) << n.error().to_string();
+  EXPECT_EQ(*n, data.size());
+  EXPECT_TRUE(back == data);
+  EXPECT_TRUE(client_->release(f.ino).is_ok());
 }
 
 // What penstock-meta does with Replay requests from the wire: it answers a repeat with the bytes it

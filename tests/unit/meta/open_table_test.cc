@@ -235,6 +235,33 @@ TEST_F(OpenFilesAcrossACrash, AnOpenTheCrashForgotIsSentAgainAndHoldsTheFile) {
   EXPECT_EQ(stored_opens(), 0u);
 }
 
+// The mount sends its opens from a count it took before: an open this server counted after the
+// start but the mount after that count is not in it, and the reclaim must not undo it.
+TEST_F(OpenFilesAcrossACrash, AnOpenMadeAfterTheStartIsNotLostWhenTheMountSendsAnOlderCount) {
+  ASSERT_OK(svc_->open_file(pm::OpenReq{file_, session_, 0}));  // younger than the delay
+  start();  // crash and restart: that open is forgotten
+  ASSERT_OK(svc_->open_file(pm::OpenReq{file_, session_, 0}));  // a second descriptor
+  ASSERT_OK(svc_->reclaim_opens(pm::ReclaimOpensReq{session_, {pm::OpenCount{file_, 1}}, true}));
+  ASSERT_OK(svc_->unlink(pm::NameReq{kRootInode, "f", SessionId()}));
+  ASSERT_OK(svc_->release(pm::ReleaseReq{file_, session_}));
+  EXPECT_TRUE(file_exists()) << "two descriptors were open; one release must not free the file";
+  ASSERT_OK(svc_->release(pm::ReleaseReq{file_, session_}));
+  EXPECT_FALSE(file_exists());
+}
+
+// Opens since the start that were released again before the reclaim add nothing to it.
+TEST_F(OpenFilesAcrossACrash, OpensClosedAgainBeforeTheReclaimAreNotCountedTwice) {
+  ASSERT_OK(svc_->open_file(pm::OpenReq{file_, session_, 0}));
+  start();
+  ASSERT_OK(svc_->open_file(pm::OpenReq{file_, session_, 0}));
+  ASSERT_OK(svc_->release_many(pm::ReleaseManyReq{session_, {file_}}));
+  ASSERT_OK(svc_->reclaim_opens(pm::ReclaimOpensReq{session_, {pm::OpenCount{file_, 1}}, true}));
+  ASSERT_OK(svc_->unlink(pm::NameReq{kRootInode, "f", SessionId()}));
+  EXPECT_TRUE(file_exists()) << "the open from before the crash holds it";
+  ASSERT_OK(svc_->release(pm::ReleaseReq{file_, session_}));
+  EXPECT_FALSE(file_exists()) << "one descriptor was open: its release frees the file";
+}
+
 TEST_F(OpenFilesAcrossACrash, UnlinkedFilesWaitUntilEverySessionSentItsOpensOrOneLeasePassed) {
   const InodeId g = create("g");
   const InodeId h = create("h");
