@@ -291,10 +291,10 @@ constexpr bool kSafeToRepeat =
 
 // An Open may have been applied before its connection was lost, yet it goes again too: a repeat
 // can count it once too often (the file's space, should it be unlinked, then waits for the
-// session's end, as after a lost release), never once too few (a restarted server adds the opens
-// it counted since its start to those the mount gives back, server/meta/namespace.h,
-// opened_unreclaimed_). Failing instead fails the application's open() whenever penstock-meta
-// crashes, restarts or opens its database again (a full disk) under it.
+// session's end, as after a lost release). A restarted server adds the opens it counted since its
+// start to those the mount gives back (server/meta/namespace.h, opened_unreclaimed_), so a repeat
+// applied there before this mount counted it is not lost. Failing instead fails the application's
+// open() whenever penstock-meta crashes, restarts or opens its database again (a full disk) under it.
 template <class M>
 constexpr bool kRepeatMayCountTwice = std::is_same_v<M, meta::Open>;
 template <class M>
@@ -318,10 +318,12 @@ Result<typename M::Response> send_to_meta(rpc::RpcClient& meta, const typename M
     for (bool again = false;; again = true) {
       auto r = meta.call<M>(req);
       if constexpr (kRepeatMayCountTwice<M>) {
-        if (again && r.has_value()) PENSTOCK_LOG(Info) << M::kName << " reached penstock-meta again and was answered";
+        if (again && r.has_value()) {
+          PENSTOCK_LOG(Info) << M::kName << " of inode " << req.ino.to_string() << " reached penstock-meta again and was answered";
+        }
         if (!again && !r.has_value() && r.error().code() == Code::kUnavailable) {
-          PENSTOCK_LOG(Info) << M::kName << " got no answer from penstock-meta (" << r.error().to_string()
-                             << "); sending it again until it is answered";
+          PENSTOCK_LOG(Info) << M::kName << " of inode " << req.ino.to_string() << " got no answer from penstock-meta ("
+                             << r.error().to_string() << "); sent again until answered or its deadline passes";
         }
       }
       if (r.has_value() || r.error().code() != Code::kUnavailable || !backoff.sleep_before(give_up)) return r;
@@ -477,9 +479,9 @@ Result<Client::Entry> Client::lookup_entry(InodeId parent, const std::string& na
   bool opened = false;
   Result<meta::AttrResp> r = [&]() -> Result<meta::AttrResp> {
     if (!ask) return meta_call<meta::Lookup>(req);
-    // Sent once (an open is not safe to repeat): a lost answer or an unreachable server falls back
-    // to Lookup, which waits for a restarting server. (A LookupOpen applied but not answered
-    // leaves its open until the session ends, as a lost Open does.)
+    // Sent once: a lost answer or an unreachable server falls back to Lookup, which waits for a
+    // restarting server, and the kernel's open then sends an Open. (A LookupOpen applied but not
+    // answered leaves its open until the session ends, as an Open applied twice does.)
     auto lo = meta_call<meta::LookupOpen>(req);
     if (lo.has_value()) {
       opened = lo->opened;

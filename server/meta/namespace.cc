@@ -1323,20 +1323,11 @@ Status MetaService::add_open_locked(SessionId session, InodeId ino, bool orphan)
     }
     opens_.written_applied();
   }
-  if (unreclaimed_.count(session.value) != 0) ++opened_unreclaimed_[session.value][ino.value];
-  return Status::ok();
-}
-
-void MetaService::released_locked(SessionId session, InodeId ino, uint32_t times) {
-  auto s = opened_unreclaimed_.find(session.value);
-  if (s == opened_unreclaimed_.end()) return;
-  auto i = s->second.find(ino.value);
-  if (i == s->second.end()) return;
-  if (i->second > times) {
-    i->second -= times;
-  } else {
-    s->second.erase(i);
+  if (unreclaimed_.count(session.value) != 0) {
+    uint32_t& n = opened_unreclaimed_[session.value][ino.value];
+    if (n < UINT32_MAX) ++n;
   }
+  return Status::ok();
 }
 
 void MetaService::reclaimed_locked(uint64_t session) {
@@ -1369,7 +1360,6 @@ Status MetaService::release_applied(const pm::ReleaseReq& req) {
     PENSTOCK_RETURN_IF_ERROR(release_in(txn, req.session, req.ino, 1, &queued));
     opens_.flush_aged(options_.now(), options_.open_store_delay_ns, &txn.batch());
     PENSTOCK_RETURN_IF_ERROR(txn.commit().with_context("release inode " + req.ino.to_string()));
-    released_locked(req.session, req.ino, 1);
   }
   notify_gc(queued);
   return Status::ok();
@@ -1392,9 +1382,6 @@ Status MetaService::release_many_applied(const pm::ReleaseManyReq& req) {
     if (st.is_ok()) {
       opens_.flush_aged(options_.now(), options_.open_store_delay_ns, &txn.batch());
       st = txn.commit().with_context("release " + std::to_string(times.size()) + " inodes");
-    }
-    if (st.is_ok()) {
-      for (const auto& [ino, n] : times) released_locked(req.session, InodeId(ino), n);
     }
   }
   if (st.is_ok()) {
@@ -1633,21 +1620,34 @@ Status MetaService::reclaim_opens_applied(const pm::ReclaimOpensReq& req, bool* 
     return Status(Code::kBadHandle, "session " + req.session.to_string() + " is unknown or expired; register a new session");
   }
   const int64_t now = options_.now();
+  // What the session holds by inode: its count, plus what this server counted since the start
+  // (opened_unreclaimed_); with `last`, also the inodes it did not list.
+  std::map<uint64_t, uint64_t> want;
+  const auto since = opened_unreclaimed_.find(req.session.value);
+  for (const pm::OpenCount& o : req.opens) {
+    uint64_t w = o.count;
+    if (since != opened_unreclaimed_.end()) {
+      if (auto i = since->second.find(o.ino.value); i != since->second.end()) w += i->second;
+    }
+    uint64_t& at = want[o.ino.value];
+    at = std::max(at, w);  // an inode listed twice counts once
+  }
+  if (req.last && since != opened_unreclaimed_.end()) {
+    for (const auto& [ino, n] : since->second) want.try_emplace(ino, n);
+  }
   Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);
   size_t added = 0;
-  for (const pm::OpenCount& o : req.opens) {
-    PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.find(o.ino));
+  for (const auto& [ino_value, w] : want) {
+    const InodeId ino(ino_value);
+    PENSTOCK_ASSIGN_OR_RETURN(InodeRecord * rec, txn.find(ino));
     if (rec == nullptr) continue;  // gone, or a create behind not applied yet (its batch opens it)
-    const uint32_t have = opens_.count(req.session, o.ino);
-    uint32_t want = o.count;
-    if (auto s = opened_unreclaimed_.find(req.session.value); s != opened_unreclaimed_.end()) {
-      if (auto i = s->second.find(o.ino.value); i != s->second.end()) want += i->second;
-    }
-    if (want <= have) continue;
-    opens_.add(req.session, o.ino, now, want - have);
-    txn.undo_on_failure([this, s = req.session, ino = o.ino, n = want - have] { opens_.drop(s, ino, n, 0); });
+    const uint32_t have = opens_.count(req.session, ino);
+    const auto target = static_cast<uint32_t>(std::min<uint64_t>(w, UINT32_MAX));
+    if (target <= have) continue;
+    opens_.add(req.session, ino, now, target - have);
+    txn.undo_on_failure([this, s = req.session, ino, n = target - have] { opens_.drop(s, ino, n, 0); });
     if (rec->attr.nlink == 0) {
-      opens_.store_inode(o.ino, &txn.batch());  // an orphan's opens are kept at once
+      opens_.store_inode(ino, &txn.batch());  // an orphan's opens are kept at once
       *wrote = true;
     }
     ++added;

@@ -359,8 +359,6 @@ class MetaService {
   Status end_reclaim_grace_locked(int64_t now, bool* queued_gc);
   // `session` has sent its opens, or ended: it leaves unreclaimed_ and opened_unreclaimed_.
   void reclaimed_locked(uint64_t session);
-  // `times` releases of `ino` by `session` were applied: opened_unreclaimed_ goes down with them.
-  void released_locked(SessionId session, InodeId ino, uint32_t times);
   Status bump_map_version(WriteBatch* batch);
   bool session_alive(SessionId s);
   // Before a directory `name` in `parent` is removed (rmdir, or replaced by a rename): another
@@ -384,12 +382,14 @@ class MetaService {
   MetaOptions options_;
   OpenTable opens_;  // under mu_
   std::unordered_set<uint64_t> unreclaimed_;  // sessions found at start that have not sent their opens
-  // For a session of unreclaimed_: the opens counted since the start less the releases, by inode
-  // (at least 0). Its reclaim sends the mount's count from a moment before, which may leave out an
-  // open this server counted since (one in flight then; a create's, which the mount counts once
-  // answered) while the server lost the ones before its start: the count a reclaim sets is at
-  // least the mount's plus these, so one too many (kept until the session ends) but never one
-  // too few (a file freed while open).
+  // For a session of unreclaimed_: the opens counted since the start (Open, LookupOpen), by inode.
+  // Its reclaim sends the mount's count from a moment before, which may leave out an open this
+  // server counted since (the mount counts one once answered) while the server lost the ones
+  // before its start: the count a reclaim sets is at least the mount's plus these. Releases do
+  // not lower them: the server cannot tell whether a release ends an open from before the start,
+  // which the mount's count already left out. So a file opened again after the start is counted
+  // too often (kept, should it be unlinked, until the session ends), not once too few (freed
+  // while open). A create's open needs none of this: a new inode's count here is whole.
   std::unordered_map<uint64_t, std::unordered_map<uint64_t, uint32_t>> opened_unreclaimed_;
   int64_t reclaim_until_ns_ = 0;              // the wait for them ends here at the latest
   bool reclaim_wait_over_ = true;             // its end has been logged
