@@ -12,7 +12,6 @@
 // the terminal; serve until SIGINT/SIGTERM/SIGHUP or `fusermount3 -u`; unmount and close the session.
 #include <fcntl.h>
 #include <limits.h>
-#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -39,6 +38,7 @@
 #include "client/fuse/mount_options.h"
 #include "client/lib/client.h"
 #include "common/base/log.h"
+#include "common/base/malloc_tuning.h"
 
 namespace {
 
@@ -266,10 +266,7 @@ int main(int argc, char** argv) {
   if (stat(resolved, &mst) != 0 || !S_ISDIR(mst.st_mode)) die("mountpoint " + s.mountpoint + " is not a directory");
   const std::string mountpoint = resolved;
 
-  // The data path allocates and frees 1-4 MiB buffers all the time (cache blocks, write-behind):
-  // keep them in the heap instead of fresh mmap()s, which page-fault and zero every page again.
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  penstock::keep_large_buffers_mapped();  // before any thread starts
 
   // Before any thread exists: threads do not survive fork().
   const int ready_fd = s.foreground ? -1 : fork_and_wait_for_mount();

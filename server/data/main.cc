@@ -11,6 +11,7 @@
 
 #include "common/base/byte_size.h"
 #include "common/base/log.h"
+#include "common/base/malloc_tuning.h"
 #include "server/daemon/daemon.h"
 #include "server/data/chunk_format.h"
 #include "server/data/data_server.h"
@@ -131,6 +132,7 @@ int main(int argc, char** argv) {
 
   // Before any thread starts, so that every thread inherits the blocked signal mask.
   daemon::block_termination_signals();
+  keep_large_buffers_mapped();
   data::DataServer server(options);
   Status st = server.start();
   if (!st.is_ok()) return fail(st.to_string());
