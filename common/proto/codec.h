@@ -15,6 +15,7 @@
 // Thread-safety: Encoder/Decoder are single-threaded value objects.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -64,6 +65,29 @@ template <class E>
 struct EnumLimit {
   static constexpr uint64_t kMax = UINT64_MAX;
 };
+
+// The fewest bytes an encoded T takes. A vector's count is checked against it, so that a count
+// cannot make the decoder expect more elements than the rest of the message could hold.
+template <class T>
+size_t min_wire_bytes() {
+  if constexpr (std::is_same_v<T, bool> || IsOptional<T>::value) {
+    return 1;
+  } else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>) {
+    return sizeof(T);
+  } else if constexpr (IsStrongId<T>::value) {
+    return sizeof(uint64_t);
+  } else if constexpr (std::is_same_v<T, std::string> || IsVector<T>::value) {
+    return sizeof(uint32_t);
+  } else {
+    static_assert(Message<T>, "type has no wire encoding");
+    static const size_t bytes = [] {
+      size_t sum = 0;
+      T{}.visit_fields([&](const auto&... f) { sum = (size_t{0} + ... + min_wire_bytes<std::remove_cvref_t<decltype(f)>>()); });
+      return sum;
+    }();
+    return bytes;
+  }
+}
 
 class Encoder {
  public:
@@ -137,11 +161,14 @@ class Decoder {
     } else if constexpr (IsVector<T>::value) {
       uint32_t n = 0;
       PENSTOCK_RETURN_IF_ERROR(get_raw(n));
-      // Every element takes at least one byte, so a count larger than what is left is a lie.
-      if (n > remaining()) return fail("element count past the end of the message");
+      // A count of more elements than the rest could hold is a lie. Elements are added as they
+      // decode, so memory grows with the bytes really sent, never with the count alone.
+      using Element = typename T::value_type;
+      const size_t min_bytes = std::max<size_t>(1, min_wire_bytes<Element>());
+      if (n > remaining() / min_bytes) return fail("element count past the end of the message");
       v.clear();
-      v.resize(n);
-      for (auto& e : v) PENSTOCK_RETURN_IF_ERROR(get(e));
+      v.reserve(std::min<size_t>(n, kReserveElements));
+      for (uint32_t i = 0; i < n; ++i) PENSTOCK_RETURN_IF_ERROR(get(v.emplace_back()));
     } else if constexpr (IsOptional<T>::value) {
       uint8_t present = 0;
       PENSTOCK_RETURN_IF_ERROR(get_raw(present));
@@ -174,6 +201,8 @@ class Decoder {
   Status fail(const char* what) const {
     return Status(Code::kProtocol, std::string(what) + " at byte " + std::to_string(pos_));
   }
+
+  static constexpr size_t kReserveElements = 1024;  // reserved for a vector up front, at most
 
   std::span<const uint8_t> in_;
   size_t pos_ = 0;

@@ -271,6 +271,41 @@ TEST(CodecTest, HugeElementCountsAreRejectedWithoutAllocating) {
   EXPECT_EQ(r.error().code(), Code::kProtocol);
 }
 
+TEST(CodecTest, TheSmallestEncodingOfAMessageIsTheSumOfItsFields) {
+  EXPECT_EQ(min_wire_bytes<TargetId>(), 8u);
+  EXPECT_EQ(min_wire_bytes<std::string>(), 4u);
+  EXPECT_EQ(min_wire_bytes<std::optional<uint64_t>>(), 1u);
+  // uuid, path (4 each), capacity, free (8 each), fs_id (4), has_chunks (1).
+  EXPECT_EQ(min_wire_bytes<meta::TargetReport>(), 29u);
+  EXPECT_EQ(encode(meta::TargetReport{}).size(), min_wire_bytes<meta::TargetReport>());
+}
+
+// A count each of whose elements could have one byte of the rest, but not their smallest
+// encoding, is refused before anything is allocated for it: with one byte per element assumed,
+// 16 MiB of message could ask for 16M elements of 120 bytes each (2 GB) before failing.
+TEST(CodecTest, ACountIsCheckedAgainstTheSmallestEncodingOfItsElements) {
+  for (uint32_t n : {4u, 1000u}) {
+    std::string wire;
+    append_raw<uint64_t>(wire, 7);                     // node
+    append_raw<uint32_t>(wire, n);                     // targets
+    wire.append(n == 4u ? 29 * 4 - 1 : 1000, '\0');  // n bytes and more, not n reports
+    auto r = decode<meta::NodeHeartbeatReq>(bytes_of(wire));
+    ASSERT_FALSE(r.has_value()) << n;
+    EXPECT_EQ(r.error().code(), Code::kProtocol);
+    EXPECT_NE(r.error().message().find("element count"), std::string::npos) << r.error().message();
+  }
+  std::string ids;
+  append_raw<uint32_t>(ids, 2);
+  ids.append(15, '\0');  // two TargetIds need 16
+  auto r = decode<data::DropCachesReq>(bytes_of(ids));
+  ASSERT_FALSE(r.has_value());
+  EXPECT_NE(r.error().message().find("element count"), std::string::npos) << r.error().message();
+  ids.push_back('\0');
+  auto ok = decode<data::DropCachesReq>(bytes_of(ids));
+  ASSERT_TRUE(ok.has_value()) << ok.error().to_string();
+  EXPECT_EQ(ok->targets.size(), 2u);
+}
+
 TEST(CodecTest, BoolMustBeZeroOrOne) {
   meta::ScrubReq req{true};  // a message whose last byte is a bool
   std::string wire = encode(req);
