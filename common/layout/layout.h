@@ -34,7 +34,9 @@ Status validate_chunk_size(uint32_t chunk_size);
 // A file layout: valid chunk size, 1 <= stripe_count == chains.size(), no invalid chain.
 Status validate_file_layout(const proto::Layout& layout);
 
-// Number of chunks a file of `size` bytes spans.
-inline uint64_t chunk_count(uint64_t size, uint32_t chunk_size) { return (size + chunk_size - 1) / chunk_size; }
+// Number of chunks a file of `size` bytes spans (no overflow near UINT64_MAX).
+inline uint64_t chunk_count(uint64_t size, uint32_t chunk_size) {
+  return size / chunk_size + (size % chunk_size != 0 ? 1 : 0);
+}
 
 }  // namespace penstock::layout

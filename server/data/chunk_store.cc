@@ -901,6 +901,10 @@ Status ChunkStore::cut_chunk(InodeId ino, uint64_t chunk_index, uint32_t chunk_s
 
 Status ChunkStore::truncate(InodeId ino, uint64_t file_size, uint32_t chunk_size) {
   PENSTOCK_RETURN_IF_ERROR(validate_common(ino, chunk_size));
+  if (file_size > static_cast<uint64_t>(INT64_MAX)) {
+    return Status(Code::kInvalid, "Truncate: size " + std::to_string(file_size) +
+                                      " is past the largest file (2^63 - 1 bytes); nothing was cut");
+  }
   auto inode_guard = inode_locks_.lock(ino.value);
   PENSTOCK_ASSIGN_OR_RETURN(std::vector<uint64_t> chunks, target_->list_chunks(ino));
   const uint64_t keep_count = layout::chunk_count(file_size, chunk_size);

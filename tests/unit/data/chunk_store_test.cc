@@ -384,6 +384,23 @@ TEST_P(ChunkStoreTest, TruncateAcrossBlocksAndChunks) {
   EXPECT_FALSE(std::filesystem::exists(path(0)));
 }
 
+// A size no file can have (a peer's 0 - 1) is refused; near UINT64_MAX the chunk count once
+// wrapped to 0 and every chunk of the inode was removed.
+TEST_P(ChunkStoreTest, ASizePastTheLargestFileIsRefusedAndCutsNothing) {
+  const uint32_t cs = kChunk64K;
+  write(0, 0, pattern(cs, 24), cs);
+  write(1, 0, pattern(1000, 25), cs);
+  for (uint64_t size : {UINT64_MAX, UINT64_MAX - cs + 2, static_cast<uint64_t>(INT64_MAX) + 1}) {
+    Status st = store_->truncate(kIno, size, cs);
+    EXPECT_EQ(st.code(), Code::kInvalid) << size;
+    EXPECT_NE(st.message().find("largest file"), std::string::npos) << st.message();
+  }
+  EXPECT_EQ(read(0, 0, cs, cs), pattern(cs, 24));
+  EXPECT_EQ(read(1, 0, cs, cs), pattern(1000, 25));
+  ASSERT_TRUE(store_->truncate(kIno, static_cast<uint64_t>(INT64_MAX), cs).is_ok());  // grows nothing
+  EXPECT_EQ(read(1, 0, cs, cs), pattern(1000, 25));
+}
+
 TEST_P(ChunkStoreTest, TruncateVerifiesTheBlockItCuts) {
   write(0, 0, pattern(10000, 23));
   flip_byte(path(0), data_offset() + 4096 + 1);

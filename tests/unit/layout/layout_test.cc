@@ -190,6 +190,8 @@ TEST(LayoutTest, ChunkCount) {
   EXPECT_EQ(chunk_count(k4M, k4M), 1u);
   EXPECT_EQ(chunk_count(k4M + 1ull, k4M), 2u);
   EXPECT_EQ(chunk_count(5ull << 32, k4M), (5ull << 32) / k4M);
+  EXPECT_EQ(chunk_count(UINT64_MAX, 64u << 10), 1ull << 48);  // no wrap near the top
+  EXPECT_EQ(chunk_count(UINT64_MAX - (64u << 10) + 2, 64u << 10), 1ull << 48);
 }
 
 }  // namespace
