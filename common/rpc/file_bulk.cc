@@ -11,9 +11,9 @@
 
 namespace penstock::rpc {
 
-namespace {
-constexpr uint64_t kPage = 4096;
-}  // namespace
+bool fits_one_pipe(uint64_t offset, uint64_t length, uint64_t page_size) {
+  return page_size > 0 && length <= PipePool::kCapacity && offset % page_size == 0;
+}
 
 Pipe::~Pipe() {
   ::close(r_);
@@ -59,9 +59,8 @@ namespace {
 
 // Splices f into a fresh pipe. False (nothing usable staged) when splicing is not possible.
 bool stage_in_pipe(const FileBulk& f, PipePool& pool, StagedBulk* out) {
-  // A page-aligned range of at most kCapacity bytes takes at most kCapacity / 4096 pipe slots, so
-  // the blocking splice below can never wait for the pipe to drain.
-  if (f.length > PipePool::kCapacity || f.offset % kPage != 0) return false;
+  static const uint64_t page_size = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (!fits_one_pipe(f.offset, f.length, page_size)) return false;
   auto pipe = pool.take();
   if (!pipe.has_value()) return false;
   loff_t off = static_cast<loff_t>(f.offset);

@@ -69,6 +69,13 @@ class PipePool {
   bool unsizable_ = false;  // guarded by mu_: a pipe could not be sized to kCapacity
 };
 
+// Whether a range of `length` bytes at file `offset` may be spliced into one pooled pipe with a
+// blocking splice: its start lies on a page of `page_size` bytes and it fits the pipe, so it takes
+// at most kCapacity / page_size of the pipe's slots (one per page) and the splice never waits for
+// the pipe to drain. With 64 KiB pages a 4 KiB-aligned range is refused: it could need one slot
+// more than the pipe has.
+bool fits_one_pipe(uint64_t offset, uint64_t length, uint64_t page_size);
+
 // A FileBulk made ready to send: either in a pipe (`pipe`, `bytes` of it) or in memory (`memory`).
 struct StagedBulk {
   std::unique_ptr<Pipe> pipe;

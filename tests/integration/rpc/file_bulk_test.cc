@@ -92,6 +92,18 @@ TEST(FileBulkStageTest, AlignedRangesGoThroughAPipeOthersThroughMemory) {
   }
 }
 
+// The blocking splice may only be used where the range cannot need more pipe slots (one per page)
+// than the pipe has: a 4 KiB-aligned 1 MiB range on a 64 KiB-page kernel spans 17 pages of a
+// 16-slot pipe, and its splice would wait forever.
+TEST(FileBulkStageTest, ARangeMustStartOnAPageOfTheRunningKernel) {
+  const uint64_t mib = rpc::PipePool::kCapacity;
+  EXPECT_TRUE(rpc::fits_one_pipe(20480, mib, 4096));
+  EXPECT_FALSE(rpc::fits_one_pipe(20480, mib, 65536));
+  EXPECT_TRUE(rpc::fits_one_pipe(65536, mib, 65536));
+  EXPECT_FALSE(rpc::fits_one_pipe(0, mib + 1, 4096));
+  EXPECT_FALSE(rpc::fits_one_pipe(5, 1000, 4096));
+}
+
 TEST(FileBulkStageTest, PastTheEndIsEmptyAndABadDescriptorIsAnError) {
   PatternFile file;
   rpc::PipePool pool;
