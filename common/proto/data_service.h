@@ -37,6 +37,9 @@ struct ReadReq {
   PENSTOCK_FIELDS(key, offset, length, verify_at_client);
 };
 struct ReadResp { uint32_t length = 0; std::vector<uint64_t> block_sums; PENSTOCK_FIELDS(length, block_sums); };
+// A Read's response carries at most `length` bytes: the server counts them in flight from the
+// moment it reads the request (rpc::RpcServer::reply_bound).
+inline uint64_t reply_bulk_bound(const ReadReq& r) { return r.length; }
 
 // Make the target's chunks of `ino` match a file of `size` bytes: chunks wholly past it are
 // removed, the chunk that holds the end is cut there.

@@ -101,6 +101,7 @@ struct HandlerEntry {
   std::string name;
   RpcServer::RawHandler fn;
   Dispatch dispatch = Dispatch::kWorker;
+  RpcServer::ReplyBound reply_bound;  // may be empty
 };
 
 struct Response {
@@ -111,6 +112,7 @@ struct Response {
   std::unique_ptr<Pipe> pipe;  // or the bulk is h.bulk_len bytes staged in this pipe (file_bulk.h)
   bool close_after = false;    // the request was undecodable: close once the error is sent
   uint64_t inflight_bytes = 0;  // what it counts in ServerConnection::inflight_bytes_ until written
+  uint64_t reply_reserved = 0;  // response bytes its request counted when read (HandlerEntry::reply_bound)
 };
 
 // The response to `req`. Its bulk: `staged` when given (in its pipe, or in memory), else `bulk`;
@@ -228,6 +230,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
     proto::FrameHeader header;
     ByteBuffer message;
     AlignedByteBuffer bulk;  // page-aligned: a write payload goes to O_DIRECT as it is (chunk_store.cc)
+    uint64_t reply_reserved = 0;  // counted in flight for its response since it was read
   };
 
   static asio::awaitable<void> read_loop(std::shared_ptr<ServerConnection> self) { co_await self->read_frames(); }
@@ -302,10 +305,15 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
         close();
         co_return;
       }
-      const uint64_t bytes = in.message.size() + in.bulk.size();
+      auto it = server_->handlers.find(handler_key(header->service, header->method));
+      if (it != server_->handlers.end() && it->second.reply_bound) {
+        in.reply_reserved = std::min<uint64_t>(it->second.reply_bound(in.message), proto::kMaxBulkBytes);
+      }
+      // `bytes` stays counted until the response is written; the response adds what it carries
+      // beyond the reservation (enqueue).
+      const uint64_t bytes = in.message.size() + in.bulk.size() + in.reply_reserved;
       ++inflight_;
       inflight_bytes_ += bytes;
-      auto it = server_->handlers.find(handler_key(header->service, header->method));
       if (it == server_->handlers.end()) {
         enqueue(make_response(in.header,
                               Status(Code::kNotSupported, "unknown method " + std::to_string(header->method) +
@@ -329,6 +337,11 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   // A worker thread, or the strand for an inline handler. A file bulk is staged here, so a disk
   // read it needs blocks this thread, not the connection's writer.
   Response handle_request(const HandlerEntry& entry, Incoming in) {
+    Response resp = respond(entry, in);
+    resp.reply_reserved = in.reply_reserved;
+    return resp;
+  }
+  Response respond(const HandlerEntry& entry, Incoming& in) {
     RequestContext ctx(in.bulk, peer_, /*can_send_file=*/entry.dispatch != Dispatch::kInline);
     Result<std::string> result = invoke(entry, in.message, ctx);
     if (!result.has_value() && result.error().code() == Code::kProtocol) {
@@ -439,10 +452,17 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   // reader pause, instead of the server queueing responses without bound.
   void enqueue(Response resp, uint64_t bytes) {
     if (closed_) return;
-    resp.inflight_bytes = bytes + resp.h.message_len + resp.h.bulk_len;
-    inflight_bytes_ += resp.h.message_len + resp.h.bulk_len;
+    count_response(resp, bytes);
     queue_.push_back(std::move(resp));
     do_write();
+  }
+
+  // `resp`'s bytes join its request's `bytes` in flight, less what the request reserved for them.
+  void count_response(Response& resp, uint64_t bytes) {
+    const uint64_t reply = uint64_t{resp.h.message_len} + resp.h.bulk_len;
+    const uint64_t more = reply > resp.reply_reserved ? reply - resp.reply_reserved : 0;
+    resp.inflight_bytes = bytes + more;
+    inflight_bytes_ += more;
   }
 
   // The rest of a worker's partial write: `done` bytes of `resp`'s header, message and in-memory
@@ -450,8 +470,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   // is still held for it.
   void finish_inline(Response resp, uint64_t bytes, size_t done, uint32_t pipe_left = 0) {
     if (closed_) return;
-    resp.inflight_bytes = bytes + resp.h.message_len + resp.h.bulk_len;
-    inflight_bytes_ += resp.h.message_len + resp.h.bulk_len;
+    count_response(resp, bytes);
     batch_.clear();
     buffers_.clear();
     batch_.push_back(std::move(resp));
@@ -688,12 +707,12 @@ RpcServer::RpcServer(ServerOptions options) : impl_(std::make_unique<Impl>(std::
 RpcServer::~RpcServer() { stop(); }
 
 void RpcServer::add_handler(proto::ServiceId service, uint16_t method, std::string name, Dispatch dispatch,
-                            RawHandler handler) {
+                            RawHandler handler, ReplyBound reply_bound) {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     PENSTOCK_CHECK(!impl_->started);  // handlers are registered before start()
   }
-  auto [it, inserted] = impl_->handlers.emplace(handler_key(service, method), HandlerEntry{std::move(name), std::move(handler), dispatch});
+  auto [it, inserted] = impl_->handlers.emplace(handler_key(service, method), HandlerEntry{std::move(name), std::move(handler), dispatch, std::move(reply_bound)});
   PENSTOCK_CHECK(inserted);  // one handler per (service, method)
   (void)it;
 }

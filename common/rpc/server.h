@@ -102,9 +102,31 @@ class RpcServer {
   template <proto::RpcMethod M>
   using TypedHandler = std::function<Result<typename M::Response>(const typename M::Request&, RequestContext&)>;
 
+  // The most bulk bytes the response to an encoded request may carry (0 when it cannot be decoded).
+  using ReplyBound = std::function<uint64_t(std::span<const uint8_t> message)>;
+
   template <proto::RpcMethod M>
   void handle(TypedHandler<M> fn, Dispatch dispatch = Dispatch::kWorker) {
-    add_handler(M::kService, M::kId, std::string(M::kName), dispatch, raw<M>(std::move(fn)));
+    add_handler(M::kService, M::kId, std::string(M::kName), dispatch, raw<M>(std::move(fn)), reply_bound<M>());
+  }
+
+  // For a method whose request declares `reply_bulk_bound(const Request&)` (found by argument-
+  // dependent lookup; data_service.h's Read): the server counts that many bytes against the
+  // connection's in-flight bytes from the moment it reads the request, not only once the response
+  // exists, so a peer cannot have 128 reads of 64 MiB each answered into memory while it reads
+  // nothing. Other methods: none (their responses count once made).
+  template <proto::RpcMethod M>
+  static ReplyBound reply_bound() {
+    if constexpr (requires(const typename M::Request& r) {
+                    { reply_bulk_bound(r) } -> std::convertible_to<uint64_t>;
+                  }) {
+      return [](std::span<const uint8_t> msg) -> uint64_t {
+        auto req = proto::decode<typename M::Request>(msg);
+        return req.has_value() ? reply_bulk_bound(*req) : 0;
+      };
+    } else {
+      return {};
+    }
   }
 
   // `fn` as a raw handler: decodes the request, encodes the response.
@@ -130,7 +152,7 @@ class RpcServer {
 
  private:
   void add_handler(proto::ServiceId service, uint16_t method, std::string name, Dispatch dispatch,
-                   RawHandler handler);
+                   RawHandler handler, ReplyBound reply_bound = {});
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -30,6 +30,9 @@ struct EchoReq {
   uint32_t reply_bulk_len = 0;  // else: reply with this many pattern bytes
   PENSTOCK_FIELDS(text, echo_bulk, reply_bulk_len);
 };
+// Echo's answer carries reply_bulk_len bytes, declared as data Read declares its length, so the
+// server counts them in flight from the moment it reads the request (rpc::RpcServer::reply_bound).
+inline uint64_t reply_bulk_bound(const EchoReq& r) { return r.reply_bulk_len; }
 struct EchoResp {
   std::string text;
   uint32_t bulk_in_len = 0;

@@ -707,6 +707,33 @@ TEST_F(RpcTest, APeerThatNeverReadsCannotMakeTheServerQueueResponsesWithoutBound
   }
 }
 
+// The same with few requests for large answers: 64 requests of 40 bytes each pass both in-flight
+// limits when only what was read counts, and their answers (16 MiB each) then fill 1 GiB of
+// memory. A request whose method declares its answer's size (data Read, Echo here) counts it from
+// the moment it is read, so the server stops reading at 256 MiB of answers to come.
+TEST_F(RpcTest, RequestsForLargeAnswersCountTheirAnswersFromTheStart) {
+  constexpr int kRequests = 64;
+  constexpr uint32_t kAnswer = 16u << 20;
+  const uint64_t before = resident_bytes();
+  RawPeer peer(port_);
+  EchoReq req;
+  req.text = "big";
+  req.reply_bulk_len = kAnswer;
+  const std::string msg = proto::encode(req);
+  for (int i = 0; i < kRequests; ++i) peer.send_request(Echo::kId, msg, static_cast<uint64_t>(i + 1));
+  std::this_thread::sleep_for(1500ms);
+  const uint64_t grown = resident_bytes() - std::min(before, resident_bytes());
+  std::printf("resident memory grew by %llu MiB for %d unread 16 MiB answers\n",
+              static_cast<unsigned long long>(grown >> 20), kRequests);
+  EXPECT_LT(grown, 600ull << 20) << "resident memory grew by " << (grown >> 20) << " MiB";
+  expect_echo_works();
+  for (int i = 0; i < kRequests; ++i) {
+    auto f = peer.read_frame();
+    ASSERT_TRUE(f.has_value()) << "response " << i << ": " << f.error().to_string();
+    ASSERT_EQ(f->first.bulk_len, kAnswer);
+  }
+}
+
 TEST_F(RpcTest, GarbageBytesCloseTheConnectionOnly) {
   RawPeer peer(port_);
   std::mt19937 rng(42);
