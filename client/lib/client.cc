@@ -521,7 +521,18 @@ Result<proto::InodeAttr> Client::getattr(InodeId ino) {
 
 Result<proto::InodeAttr> Client::setattr(const meta::SetAttrReq& req) {
   PENSTOCK_CHECK((req.valid & meta::kSetSize) == 0);
-  return attr_call<meta::SetAttr>(req);
+  const DirAttrCache::Ticket t = dir_attrs_.ticket();
+  auto r = meta_call<meta::SetAttr>(req);
+  if (r.has_value() && (req.valid & (meta::kSetMtime | meta::kSetMtimeNow)) != 0) {
+    adopt_mtime(req.ino, r->attr.mtime_ns);
+  }
+  return merged(t, std::move(r));
+}
+
+void Client::adopt_mtime(InodeId ino, int64_t mtime_ns) {
+  std::lock_guard<std::mutex> lock(files_mu_);
+  auto it = files_.find(ino);
+  if (it != files_.end()) it->second.mtime_ns = mtime_ns;
 }
 
 Result<proto::InodeAttr> Client::create(InodeId parent, const std::string& name, uint32_t mode,
@@ -1589,15 +1600,11 @@ Status Client::flush_and_report(InodeId ino, WriteCursor* cursor, bool durable) 
   }
   // Writes are on the data servers now (visible to every reader); what close-to-open still needs
   // is the size at the meta server: visible at once, and durable when fsync asks for it.
-  if (mtime != 0) {
-    const meta::ReportSizeReq req{ino, written_end, mtime};
-    auto r = durable ? meta_call<meta::ReportSize>(req) : meta_call<meta::ReportSizeAtClose>(req);
-    // A meta server older than ReportSizeAtClose syncs every report (and has no SyncLog).
-    if (!r.has_value() && r.error().code() == Code::kNotSupported) r = meta_call<meta::ReportSize>(req);
-    if (!r.has_value()) return r.error().with_context("report size of inode " + ino.to_string());
-  } else {
-    PENSTOCK_RETURN_IF_ERROR(sync_log());
-  }
+  const meta::ReportSizeReq req{ino, written_end, mtime};
+  auto r = durable ? meta_call<meta::ReportSize>(req) : meta_call<meta::ReportSizeAtClose>(req);
+  // A meta server older than ReportSizeAtClose syncs every report (and has no SyncLog).
+  if (!r.has_value() && r.error().code() == Code::kNotSupported) r = meta_call<meta::ReportSize>(req);
+  if (!r.has_value()) return r.error().with_context("report size of inode " + ino.to_string());
   std::lock_guard<std::mutex> lock(files_mu_);
   auto it = files_.find(ino);
   // The meta server now knows the size; forget ours unless another write came in meanwhile.
@@ -1977,6 +1984,7 @@ Result<proto::InodeAttr> Client::truncate(InodeId ino, uint64_t size, const prot
       ++it->second.seq;
     }
   }
+  adopt_mtime(ino, r->attr.mtime_ns);  // the cut's time, later than our writes'
   cache_->invalidate(ino);
   return merged(t, std::move(r));
 }

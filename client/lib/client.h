@@ -316,7 +316,10 @@ class Client {
  private:
   struct FileState {
     uint64_t written_end = 0;               // highest offset written and not yet reported
-    int64_t mtime_ns = 0;                   // time of the last write
+    // The mtime the next size report sets: the time of the last write, or what a later setattr
+    // of mtime or truncate made it at the server (so that the report does not undo a futimens, as
+    // `cp -p` does before close, or move mtime back behind a truncate). Non-zero while unreported.
+    int64_t mtime_ns = 0;
     uint64_t seq = 0;                       // bumped on every write
   };
 
@@ -368,6 +371,9 @@ class Client {
   // failure) fails the whole operation with context.
   Status fan_out(const std::vector<DataTask>& tasks, const IssueFn& issue);
   void merge_local_size(proto::InodeAttr* attr);
+  // A setattr of mtime or a truncate of `ino` succeeded and left its mtime at `mtime_ns`: unreported
+  // writes of it before that report that time, not their own.
+  void adopt_mtime(InodeId ino, int64_t mtime_ns);
   // flush(); with `durable` the size report (or, with nothing to report, a SyncLog) returns once
   // it is on the meta server's disk (fsync).
   Status flush_and_report(InodeId ino, WriteCursor* cursor, bool durable);

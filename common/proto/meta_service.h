@@ -194,6 +194,8 @@ struct ReclaimOpensReq {
 // visible to every client (close-to-open), durable within the server's --close-sync-ms like the
 // data it describes, which close() does not sync either. SyncLog replies once every change the
 // server applied before it is durable (fsync() after a close reported the size).
+// `mtime_ns`: the file's new mtime (its last write's time, or what a setattr or truncate after the
+// writes made it); 0 leaves the mtime as it is (mounts before 2026-11-28 never send 0).
 struct ReportSizeReq { InodeId ino; uint64_t size = 0; int64_t mtime_ns = 0; PENSTOCK_FIELDS(ino, size, mtime_ns); };
 
 // ---- layouts ----

@@ -1244,7 +1244,7 @@ Result<pm::AttrResp> MetaService::report_size_applied(const pm::ReportSizeReq& r
   if (is_dir(rec->attr.mode)) return Status(Code::kIsDir, "inode " + req.ino.to_string() + " is a directory");
   if (!is_reg(rec->attr.mode)) return Status(Code::kInvalid, "inode " + req.ino.to_string() + " is not a regular file");
   rec->attr.size = std::max(rec->attr.size, req.size);
-  rec->attr.mtime_ns = req.mtime_ns != 0 ? req.mtime_ns : now;
+  if (req.mtime_ns != 0) rec->attr.mtime_ns = req.mtime_ns;  // 0: a setattr set it since the writes
   rec->attr.ctime_ns = now;
   rec->attr.generation += 1;
   txn.dirty(rec);

@@ -559,6 +559,42 @@ TEST_F(NamespaceTest, ChmodChownUtimensAreReflectedInStat) {
   EXPECT_EQ(stat_of(p("d")).st_mode & 07777, 0711u);
 }
 
+// `cp -p` writes, sets the source's times on the descriptor, then closes: the close's size report
+// must not put the write's time back. Likewise a truncate after writes: its (later) time stays.
+TEST_F(NamespaceTest, AnMtimeSetBeforeCloseSurvivesTheClose) {
+  for (int64_t sec : {int64_t{1500000000}, int64_t{0}}) {
+    SCOPED_TRACE(sec);
+    UniqueFd fd(open(p("copy").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+    ASSERT_TRUE(fd.ok()) << errno_name(errno);
+    ASSERT_TRUE(pwrite_all(fd.get(), "copied bytes", 0));
+    struct timespec times[2];
+    times[0].tv_sec = 1000000000;
+    times[0].tv_nsec = 0;
+    times[1].tv_sec = sec;
+    times[1].tv_nsec = sec == 0 ? 0 : 42;
+    ASSERT_EQ(futimens(fd.get(), times), 0) << errno_name(errno);
+    struct stat st{};
+    ASSERT_EQ(fstat(fd.get(), &st), 0);
+    EXPECT_EQ(st.st_mtim.tv_sec, sec) << "right after futimens";
+    fd.reset();
+    st = stat_of(p("copy"));
+    EXPECT_EQ(st.st_mtim.tv_sec, sec) << "after close";
+    EXPECT_EQ(st.st_mtim.tv_nsec, times[1].tv_nsec);
+    EXPECT_EQ(st.st_size, 12);
+  }
+  UniqueFd fd(open(p("cut").c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644));
+  ASSERT_TRUE(fd.ok());
+  ASSERT_TRUE(pwrite_all(fd.get(), std::string(10000, 'x'), 0));
+  ASSERT_EQ(ftruncate(fd.get(), 100), 0) << errno_name(errno);
+  struct stat cut{};
+  ASSERT_EQ(fstat(fd.get(), &cut), 0);
+  fd.reset();
+  struct stat st = stat_of(p("cut"));
+  EXPECT_EQ(st.st_size, 100);
+  EXPECT_GE(st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec, cut.st_mtim.tv_sec * 1000000000LL + cut.st_mtim.tv_nsec)
+      << "the close moved mtime back behind the truncate";
+}
+
 TEST_F(NamespaceTest, ExtendedAttributes) {
   ASSERT_TRUE(write_file(p("f"), "x"));
   const std::string f = p("f");
