@@ -131,6 +131,24 @@ Result<std::optional<DentryRecord>> read_dentry(Store* store, InodeId parent, st
   return std::optional<DentryRecord>(rec);
 }
 
+// The inode that `name` in `parent` names, read without mu_. A rename or unlink may commit between
+// reading the entry and reading its inode (a checkpoint's "latest.pt" replaced by os.replace()),
+// and the inode the entry named is then gone. So the entry is read again, and while it names
+// another inode, that one is read: a name that existed all along is never answered "no such
+// entry". nullopt: no entry (or one that kept changing, or named an inode with no record).
+Result<std::optional<InodeRecord>> resolve_name(Store* store, InodeId parent, std::string_view name) {
+  constexpr int kAttempts = 16;
+  PENSTOCK_ASSIGN_OR_RETURN(auto d, read_dentry(store, parent, name));
+  for (int attempt = 0; attempt < kAttempts && d.has_value(); ++attempt) {
+    PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store, d->ino));
+    if (rec.has_value()) return rec;
+    PENSTOCK_ASSIGN_OR_RETURN(auto again, read_dentry(store, parent, name));
+    if (again.has_value() && again->ino == d->ino) break;
+    d = again;
+  }
+  return std::optional<InodeRecord>();
+}
+
 // The directory record of `ino`: kNotFound when missing, kNotDir when not a directory.
 Result<InodeRecord> read_dir_inode(Store* store, InodeId ino) {
   PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store, ino));
@@ -740,13 +758,9 @@ Result<pm::AttrResp> MetaService::lookup(const pm::LookupReq& req) {
   const uint64_t lease_epoch = leases_.epoch();  // before the reads (entry_leases.h)
   PENSTOCK_ASSIGN_OR_RETURN(auto parent, read_dir_inode(store_, req.parent));
   (void)parent;
-  PENSTOCK_ASSIGN_OR_RETURN(auto d, read_dentry(store_, req.parent, req.name));
-  if (!d.has_value()) {
-    return Status(Code::kNotFound, "no entry " + quoted(req.name) + " in directory " + req.parent.to_string());
-  }
-  PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store_, d->ino));
+  PENSTOCK_ASSIGN_OR_RETURN(auto rec, resolve_name(store_, req.parent, req.name));
   if (!rec.has_value()) {
-    return Status(Code::kNotFound, "entry " + quoted(req.name) + " was removed while being looked up");
+    return Status(Code::kNotFound, "no entry " + quoted(req.name) + " in directory " + req.parent.to_string());
   }
   pm::AttrResp resp{rec->attr};
   if (is_dir(rec->attr.mode)) resp.entry_lease_ns = leases_.grant({req.parent, req.name}, req.session, lease_epoch);
@@ -757,16 +771,18 @@ Result<pm::LookupOpenResp> MetaService::lookup_open(const pm::LookupReq& req) {
   PENSTOCK_ASSIGN_OR_RETURN(pm::AttrResp found, lookup(req));
   pm::LookupOpenResp resp{std::move(found.attr), found.entry_lease_ns, false};
   if (!S_ISREG(resp.attr.mode)) return resp;
-  // The name was read without mu_: an unlink may have come since. Under mu_ the inode is read
-  // again and opened only while it still has a link, so an unlink either came first (the lookup
-  // answers as after it) or sees the open.
+  // The name was read without mu_: an unlink or a rename over it may have come since. Under mu_
+  // the name is resolved again and what it names now is opened, so a change either came first
+  // (the lookup answers as after it) or sees the open; a name that existed all along is found.
   std::lock_guard lock(mu_);
   if (!session_alive(req.session)) return resp;
-  PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store_, resp.attr.ino));
+  PENSTOCK_ASSIGN_OR_RETURN(auto rec, resolve_name(store_, req.parent, req.name));
   if (!rec.has_value() || rec->attr.nlink == 0) {
     return Status(Code::kNotFound, "entry " + quoted(req.name) + " was removed while being looked up");
   }
+  if (rec->attr.ino != resp.attr.ino) resp.entry_lease_ns = 0;  // granted for what it named before
   resp.attr = rec->attr;
+  if (!S_ISREG(resp.attr.mode)) return resp;  // exchanged with a directory meanwhile
   // On a failed store write the lookup stands unopened: the kernel's Open asks again.
   resp.opened = add_open_locked(req.session, rec->attr.ino, /*orphan=*/false).is_ok();
   return resp;
@@ -820,7 +836,13 @@ Result<pm::ReadDirResp> MetaService::read_dir(const pm::ReadDirReq& req) {
     kept.reserve(resp.entries.size());
     for (auto& e : resp.entries) {
       PENSTOCK_ASSIGN_OR_RETURN(auto rec, read_inode(store_, e.ino));
-      if (!rec.has_value()) continue;  // removed since the scan
+      // Renamed over or removed since the scan: what the name names now, if anything.
+      if (!rec.has_value()) {
+        PENSTOCK_ASSIGN_OR_RETURN(rec, resolve_name(store_, req.ino, e.name));
+      }
+      if (!rec.has_value()) continue;
+      e.ino = rec->attr.ino;
+      e.mode = rec->attr.mode & S_IFMT;
       e.attr = rec->attr;
       kept.push_back(std::move(e));
     }

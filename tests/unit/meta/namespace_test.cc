@@ -1455,5 +1455,95 @@ TYPED_TEST(NamespaceTest, AnUnreadableReplyRecordDoesNotStopItsSlot) {
   EXPECT_EQ(runs, 1);
 }
 
+// A store that runs a hook once, just before the first read of one key after arm(): a change that
+// commits between two reads of a lock-free lookup.
+class HookStore final : public Store {
+ public:
+  Result<std::optional<std::string>> get(std::string_view key) override {
+    if (hook_ && key == key_) {
+      auto hook = std::move(hook_);
+      hook_ = nullptr;
+      hook();
+    }
+    return inner_.get(key);
+  }
+  Status apply(const WriteBatch& batch) override { return inner_.apply(batch); }
+  Status sync() override { return inner_.sync(); }
+  Status sync_soon() override { return inner_.sync_soon(); }
+  Status scan(std::string_view prefix, std::string_view seek, const ScanFn& fn) override {
+    return inner_.scan(prefix, seek, fn);
+  }
+  std::string describe() const override { return "memory (with a hook)"; }
+  void arm(std::string key, std::function<void()> hook) {
+    key_ = std::move(key);
+    hook_ = std::move(hook);
+  }
+
+ private:
+  MemoryStore inner_;
+  std::string key_;
+  std::function<void()> hook_;
+};
+
+// A checkpoint's "latest" replaced with os.replace() while another client opens it: the rename
+// commits after the lookup read the name and before it read the inode, which the rename freed
+// (no one had it open). The name existed all along, so the lookup, the lookup that opens and
+// the listing with attributes must find the new file, not answer "no such entry" or skip it.
+TEST(LookupDuringAReplace, TheNameIsFoundAsTheFileThatReplacedIt) {
+  HookStore store;
+  MetaOptions o;
+  o.seed = 7;
+  auto opened = MetaService::open(&store, o);
+  ASSERT_TRUE(opened.has_value()) << opened.error().to_string();
+  MetaService& s = **opened;
+  pm::RegisterNodeReq node;
+  node.node_uuid = "node-a";
+  node.address = "127.0.0.1:7700";
+  node.targets.push_back(pm::TargetReport{"t1", "/data/t1", 1000, 400});
+  ASSERT_TRUE(s.register_node(node).has_value());
+  auto session = s.register_session(pm::RegisterSessionReq{"test", "host"});
+  ASSERT_TRUE(session.has_value()) << session.error().to_string();
+  auto make = [&](const std::string& name) {
+    auto r = s.create(testing::create_req(kRootInode, name, SessionId()));
+    EXPECT_TRUE(r.has_value()) << r.error().to_string();
+    return r.has_value() ? r->attr.ino : InodeId();
+  };
+  int round = 0;
+  auto replace_latest_then = [&](auto&& call) {
+    const std::string n = std::to_string(++round);
+    const InodeId old = make("latest" + n);
+    const InodeId fresh = make("tmp" + n);
+    store.arm(schema::inode_key(old), [&s, n] {
+      ASSERT_TRUE(s.rename(pm::RenameReq{kRootInode, "tmp" + n, kRootInode, "latest" + n, 0}).is_ok());
+    });
+    call(fresh);
+    ASSERT_FALSE(s.get_attr(pm::InodeReq{old}).has_value()) << "the replaced file was freed";
+  };
+  replace_latest_then([&](InodeId fresh) {
+    auto r = s.lookup(pm::LookupReq{kRootInode, "latest1", session->session});
+    ASSERT_TRUE(r.has_value()) << r.error().to_string();
+    EXPECT_EQ(r->attr.ino, fresh);
+  });
+  replace_latest_then([&](InodeId fresh) {
+    auto r = s.lookup_open(pm::LookupReq{kRootInode, "latest2", session->session});
+    ASSERT_TRUE(r.has_value()) << r.error().to_string();
+    EXPECT_EQ(r->attr.ino, fresh);
+    EXPECT_TRUE(r->opened);
+  });
+  replace_latest_then([&](InodeId fresh) {
+    auto r = s.read_dir(pm::ReadDirReq{kRootInode, "", 0, /*plus=*/true, session->session});
+    ASSERT_TRUE(r.has_value()) << r.error().to_string();
+    bool found = false;
+    for (const pm::DirEntry& e : r->entries) {
+      if (e.name != "latest3") continue;
+      found = true;
+      EXPECT_EQ(e.ino, fresh);
+      ASSERT_TRUE(e.attr.has_value());
+      EXPECT_EQ(e.attr->ino, fresh);
+    }
+    EXPECT_TRUE(found) << "the listing left \"latest3\" out";
+  });
+}
+
 }  // namespace
 }  // namespace penstock::meta
