@@ -52,14 +52,16 @@ void ChunkCache::drop_inode_locked(std::unordered_map<InodeId, InodeBlocks>::ite
   inodes_.erase(it);
 }
 
-ChunkCache::Lookup ChunkCache::get_or_start(InodeId ino, uint64_t generation, uint64_t offset, uint32_t length) {
+ChunkCache::Lookup ChunkCache::get_or_start(InodeId ino, uint64_t generation, uint64_t offset, uint32_t length,
+                                            uint32_t valid) {
+  valid = std::min(valid, length);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = inodes_.find(ino);
   if (it != inodes_.end()) {
     if (generation < it->second.generation) {
       // A handle of an older generation: its bytes must not mix with the newer ones.
       ++stats_.misses;
-      return Lookup{std::make_shared<CachedBlock>(offset, length), true};
+      return Lookup{std::make_shared<CachedBlock>(offset, length, valid), true};
     }
     if (generation > it->second.generation) {
       drop_inode_locked(it);
@@ -67,7 +69,7 @@ ChunkCache::Lookup ChunkCache::get_or_start(InodeId ino, uint64_t generation, ui
     } else {
       auto e = it->second.blocks.find(offset);
       if (e != it->second.blocks.end()) {
-        if (e->second.block->length() == length) {
+        if (e->second.block->length() == length && e->second.block->valid() >= valid) {
           lru_.splice(lru_.begin(), lru_, e->second.lru);
           if (e->second.block->done()) {
             ++stats_.hits;
@@ -76,13 +78,13 @@ ChunkCache::Lookup ChunkCache::get_or_start(InodeId ino, uint64_t generation, ui
           }
           return Lookup{e->second.block, false};
         }
-        drop_locked(it, e);  // another block size (cannot happen for one layout): replace
+        drop_locked(it, e);  // fetched for an older end of file, or another block size: replace
         it = inodes_.find(ino);
       }
     }
   }
   ++stats_.misses;
-  auto block = std::make_shared<CachedBlock>(offset, length);
+  auto block = std::make_shared<CachedBlock>(offset, length, valid);
   if (length > capacity_) return Lookup{block, true};
   // Make room: least recently used first (blocks in flight are detached, their waiters keep them).
   while (used_ + length > capacity_ && !lru_.empty()) {

@@ -14,6 +14,7 @@
 // exactly once by the caller that got `fetch = true` (also for blocks not kept in the cache).
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -34,11 +35,16 @@ namespace penstock::client {
 class CachedBlock {
  public:
   // The buffer is not zeroed: the fetcher writes every byte (holes as zeros, zero_fill_tail).
-  CachedBlock(uint64_t offset, uint32_t length)
-      : offset_(offset), length_(length), data_(new uint8_t[length]) {}
+  // `valid`: see valid(); more than `length` means the whole block.
+  CachedBlock(uint64_t offset, uint32_t length, uint32_t valid = UINT32_MAX)
+      : offset_(offset), length_(length), valid_(std::min(valid, length)), data_(new uint8_t[length]) {}
 
   uint64_t offset() const { return offset_; }
   uint32_t length() const { return length_; }
+  // The bytes from the block's start that lay before the file's end when its fetch was asked for.
+  // A block holds whole pages, so past them it holds zeros, or bytes of unknown age: a read of a
+  // file that grew since (another client appended within the last page) must not take them.
+  uint32_t valid() const { return valid_; }
   // The buffer the fetcher fills before complete(); readers use it only after wait() returns ok.
   std::span<uint8_t> buffer() { return std::span<uint8_t>(data_.get(), length_); }
   const uint8_t* data() const { return data_.get(); }
@@ -57,6 +63,7 @@ class CachedBlock {
  private:
   const uint64_t offset_;
   const uint32_t length_;
+  const uint32_t valid_;
   const std::unique_ptr<uint8_t[]> data_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -83,8 +90,11 @@ class ChunkCache {
     std::shared_ptr<CachedBlock> block;
     bool fetch = false;  // the caller must fill block->buffer() and call complete()
   };
-  // The block of `ino` at `offset` (length `length`) for `generation`. Counts as a use (LRU).
-  Lookup get_or_start(InodeId ino, uint64_t generation, uint64_t offset, uint32_t length);
+  // The block of `ino` at `offset` (length `length`, at least `valid` bytes of it valid: see
+  // CachedBlock::valid) for `generation`; a cached block with fewer valid bytes is replaced by a
+  // new fetch. Counts as a use (LRU).
+  Lookup get_or_start(InodeId ino, uint64_t generation, uint64_t offset, uint32_t length,
+                      uint32_t valid = UINT32_MAX);
   // Only a complete block or, with `join`, one still being fetched (the caller then waits for it);
   // nullptr otherwise (no fetch is started). Counts as a use.
   std::shared_ptr<CachedBlock> find_ready(InodeId ino, uint64_t generation, uint64_t offset, bool join = false);

@@ -963,6 +963,10 @@ uint32_t block_length(uint64_t bs, uint64_t block_off, uint64_t size) {
   const uint64_t pages = (left + 4095) / 4096 * 4096;
   return static_cast<uint32_t>(std::clamp<uint64_t>(pages, 4096, bs));
 }
+// The bytes of that block before EOF (CachedBlock::valid).
+uint32_t block_valid(uint64_t bs, uint64_t block_off, uint64_t size) {
+  return static_cast<uint32_t>(std::min(bs, size > block_off ? size - block_off : 0));
+}
 bool overlaps(uint64_t a, uint64_t a_end, uint64_t b, uint64_t b_end) { return a < b_end && b < a_end; }
 // A cursor without a record (a default-constructed one) means the same as none.
 WriteCursor* usable(WriteCursor* cursor) { return cursor != nullptr && cursor->errors != nullptr ? cursor : nullptr; }
@@ -1101,7 +1105,8 @@ void Client::prefetch_small_file(InodeId ino, uint32_t flags) {
     // generation the open keeps, and this client's own reads would serve them).
     std::lock_guard<std::mutex> lock(files_mu_);
     if (files_.count(ino) != 0) return;
-    lk = cache_->get_or_start(ino, f.generation, 0, block_length(block_size(f.layout), 0, f.size));
+    const uint64_t bs = block_size(f.layout);
+    lk = cache_->get_or_start(ino, f.generation, 0, block_length(bs, 0, f.size), block_valid(bs, 0, f.size));
   }
   if (lk.fetch) fetch_block_async(ino, f.layout, std::move(lk.block));
 }
@@ -1248,7 +1253,7 @@ Result<size_t> Client::read_pieces(InodeId ino, const proto::Layout& layout, uin
     const bool join = size <= bs;
     for (uint64_t b = first; b < end; b += bs) {
       auto blk = cache_->find_ready(ino, ctx->generation, b, join);
-      if (blk == nullptr || blk->offset() + blk->length() < std::min(end, b + bs)) {
+      if (blk == nullptr || blk->offset() + blk->valid() < std::min(end, b + bs)) {
         blocks.clear();
         break;
       }
@@ -1261,7 +1266,7 @@ Result<size_t> Client::read_pieces(InodeId ino, const proto::Layout& layout, uin
   } else {
     std::vector<std::shared_ptr<CachedBlock>> mine;
     for (uint64_t b = first; b < end; b += bs) {
-      auto lk = cache_->get_or_start(ino, ctx->generation, b, block_length(bs, b, size));
+      auto lk = cache_->get_or_start(ino, ctx->generation, b, block_length(bs, b, size), block_valid(bs, b, size));
       if (lk.fetch) mine.push_back(lk.block);
       blocks.push_back(std::move(lk.block));
     }
@@ -1269,7 +1274,7 @@ Result<size_t> Client::read_pieces(InodeId ino, const proto::Layout& layout, uin
     if (advice.prefetch_length > 0 && advice.prefetch_offset < size) {
       const uint64_t pf_end = std::min(size, advice.prefetch_offset + advice.prefetch_length);
       for (uint64_t b = advice.prefetch_offset / bs * bs; b < pf_end; b += bs) {
-        auto lk = cache_->get_or_start(ino, ctx->generation, b, block_length(bs, b, size));
+        auto lk = cache_->get_or_start(ino, ctx->generation, b, block_length(bs, b, size), block_valid(bs, b, size));
         if (!lk.fetch) continue;
         pool_->submit([this, ino, layout, blk = lk.block] { fetch_block(ino, layout, blk); });
       }
@@ -1313,8 +1318,9 @@ Result<bool> Client::collect_pieces(std::vector<std::shared_ptr<CachedBlock>> bl
       return st;
     }
     const uint64_t lo = std::max(offset, blk->offset());
-    const uint64_t hi = std::min(end, blk->offset() + blk->length());
-    // A block cut at an older EOF that a fetch in flight still answers: the range is read directly.
+    const uint64_t hi = std::min(end, blk->offset() + blk->valid());
+    // A block cut at an older EOF (a fetch in flight it joined, or the end of file moved within
+    // its last page since): the range is read directly.
     if (hi < std::min(end, blk->offset() + bs)) {
       out->clear();
       return false;

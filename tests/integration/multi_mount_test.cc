@@ -250,6 +250,37 @@ TEST_F(TwoMountsTest, StatByPathIsFreshAndAnOpenDescriptorCatchesUpWithinASecond
   EXPECT_EQ(st.st_mode & 07777, 0600u);
 }
 
+// `tail -f` on B of a file A appends to: B's descriptor, opened before the append, reads the new
+// bytes once it sees the new size. B's cache holds the file's last page as it was (zeros past the
+// old end); an append that stays within that page must be read from the data servers, not as the
+// cached zeros.
+TEST_F(TwoMountsTest, BytesAppendedWithinTheLastPageAreReadNotZeros) {
+  const std::string first = pattern(5000, 0, 7);
+  ASSERT_TRUE(write_file(a("log"), first));
+  UniqueFd held(open(b("log").c_str(), O_RDONLY));
+  ASSERT_TRUE(held.ok()) << errno_name(errno);
+  bool ok = false;
+  ASSERT_TRUE(same_bytes(first, pread_all(held.get(), 8192, 0, &ok)));
+  ASSERT_TRUE(ok) << errno_name(errno);
+  const std::string more = pattern(1000, 5000, 8);
+  {
+    UniqueFd fd(open(a("log").c_str(), O_WRONLY | O_APPEND));
+    ASSERT_TRUE(fd.ok());
+    ASSERT_TRUE(write_all(fd.get(), more));
+  }
+  struct stat st {};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  do {
+    ASSERT_EQ(fstat(held.get(), &st), 0);
+    if (st.st_size == 6000) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  } while (std::chrono::steady_clock::now() < deadline);
+  ASSERT_EQ(st.st_size, 6000) << "fstat on B's open descriptor did not catch up";
+  const std::string got = pread_all(held.get(), 8192, 0, &ok);
+  ASSERT_TRUE(ok) << errno_name(errno);
+  EXPECT_TRUE(same_bytes(first + more, got)) << "B read the appended bytes as its cached zeros";
+}
+
 TEST_F(TwoMountsTest, CloseToOpenSeesDataAndSize) {
   ASSERT_EQ(mkdir(a("small").c_str(), 0755), 0);
   std::string v = "chunk_size=65536 stripe_count=3";

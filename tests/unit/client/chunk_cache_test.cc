@@ -62,6 +62,26 @@ TEST(ChunkCache, StaysWithinCapacityEvictingLeastRecentlyUsed) {
   }
 }
 
+// A file's last block holds whole pages: past the end of file it was fetched for, its bytes are
+// zeros. Asked for the same block of a file that has grown within that page, the cache fetches
+// it again instead of handing out the zeros; asked for no more than it holds, it hits.
+TEST(ChunkCache, ABlockFetchedForAnOlderEndOfFileIsFetchedAgain) {
+  ChunkCache c(1 << 20);
+  auto old_end = c.get_or_start(kIno, 1, 0, 8192, 5000);
+  EXPECT_EQ(old_end.block->valid(), 5000u);
+  fill(old_end, 1);
+  auto same = c.get_or_start(kIno, 1, 0, 8192, 4000);
+  EXPECT_FALSE(same.fetch);
+  EXPECT_EQ(same.block, old_end.block);
+  auto grown = c.get_or_start(kIno, 1, 0, 8192, 6000);
+  EXPECT_TRUE(grown.fetch);
+  EXPECT_EQ(grown.block->valid(), 6000u);
+  fill(grown, 2);
+  EXPECT_EQ(c.find_ready(kIno, 1, 0), grown.block);
+  EXPECT_EQ(c.stats().used_bytes, 8192u);
+  EXPECT_EQ(CachedBlock(0, 4096).valid(), 4096u);  // no end given: the whole block
+}
+
 TEST(ChunkCache, ZeroCapacityCachesNothing) {
   ChunkCache c(0);
   auto a = c.get_or_start(kIno, 1, 0, 4096);
