@@ -77,6 +77,9 @@ struct FileHandle {
   std::atomic<bool> layout_pending{false};
   std::mutex layout_mu;
   std::atomic<uint64_t> size_hint{0};  // the size known at open (or after our own truncate)
+  // Client::truncates() when the size hint was taken: after a truncate through another handle or a
+  // path of this mount the hint may lie past the end (size_hint_for_read).
+  std::atomic<uint64_t> hint_truncates{0};
   bool keep_cache = false;             // the kernel may keep its pages (see kKeepCacheWhenUnchanged)
   // The file's version at this open, and whether a request on the handle has told the client that
   // the open completed (note_open_completed), for an open that had the kernel drop its pages.
@@ -492,6 +495,7 @@ void reply_open_handle(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<FileH
 
 void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Client& c = client_of(req);
+  const uint64_t truncates = c.truncates();  // before the size is read
   bool unchanged = false;
   auto r = c.open(InodeId(ino), static_cast<uint32_t>(fi->flags), &unchanged, caller_thread(req));
   if (!r.has_value()) return reply_status(req, r.error(), "open", ino);
@@ -499,6 +503,7 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   fh->ino = InodeId(ino);
   fh->layout = r->layout;
   fh->size_hint.store(r->size);
+  fh->hint_truncates.store(truncates);
   fh->keep_cache = unchanged;
   fh->generation = r->generation;
   fh->mtime_ns = r->mtime_ns;
@@ -507,6 +512,7 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 }
 
 void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
+  const uint64_t truncates = client_of(req).truncates();
   auto r = client_of(req).create(InodeId(parent), name, mode, caller_of(req));
   if (!r.has_value()) return reply_status(req, r.error(), "create", parent);
   auto fh = std::make_unique<FileHandle>();
@@ -514,6 +520,7 @@ void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   fh->layout = r->layout;
   fh->layout_pending.store(r->layout.chains.empty());  // created behind (every other file has chains)
   fh->size_hint.store(r->size);
+  fh->hint_truncates.store(truncates);
   fh->generation = r->generation;  // the kernel drops a created file's pages too
   fh->mtime_ns = r->mtime_ns;
   fh->read_ctx = client_of(req).make_read_context(r->generation);
@@ -543,6 +550,20 @@ void reply_read(fuse_req_t req, fuse_ino_t ino, const Result<size_t>& r, const c
     iov[i].iov_len = pieces.spans[i].size();
   }
   fuse_reply_iov(req, iov, static_cast<int>(pieces.spans.size()));
+}
+
+// The size a read of `fh` may trust without asking the meta server. A truncate through another
+// handle or a path of this mount (O_TRUNC) leaves the handle's hint past the new end, and a read
+// under it would get zeros there instead of EOF (direct I/O: the kernel does not cut such reads at
+// its size) and fetch read-ahead blocks past the end; so after one, the hint is fetched once more.
+uint64_t size_hint_for_read(Client& c, FileHandle* fh) {
+  const uint64_t truncates = c.truncates();
+  if (fh->hint_truncates.load() == truncates) return fh->size_hint.load();
+  auto attr = c.getattr(fh->ino);
+  if (!attr.has_value()) return 0;  // read_pieces asks for the size itself
+  fh->size_hint.store(attr->size);
+  fh->hint_truncates.store(truncates);
+  return attr->size;
 }
 
 void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
@@ -575,7 +596,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
       state->late_replies.sent();
     };
   }
-  auto r = state->client->read_pieces(fh->ino, **layout, fh->size_hint.load(), static_cast<uint64_t>(off),
+  auto r = state->client->read_pieces(fh->ino, **layout, size_hint_for_read(*state->client, fh), static_cast<uint64_t>(off),
                                       std::span<uint8_t>(direct_to, size), fh->read_ctx.get(), &pieces,
                                       may_defer ? &later : nullptr);
   if (!r.has_value() || !pieces.deferred) {

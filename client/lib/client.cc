@@ -1991,6 +1991,7 @@ Result<proto::InodeAttr> Client::truncate(InodeId ino, uint64_t size, const prot
     }
   }
   adopt_mtime(ino, r->attr.mtime_ns);  // the cut's time, later than our writes'
+  truncates_.fetch_add(1);
   cache_->invalidate(ino);
   return merged(t, std::move(r));
 }

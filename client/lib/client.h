@@ -312,6 +312,8 @@ class Client {
   // the meta size, then forgets this client's size knowledge. Returns the new attributes.
   // kIsDir on a directory, kInvalid on other non-regular files.
   Result<proto::InodeAttr> truncate(InodeId ino, uint64_t size, const proto::Caller& caller);
+  // How many truncates this client has made (any file): a size taken before one may be stale.
+  uint64_t truncates() const { return truncates_.load(); }
 
  private:
   struct FileState {
@@ -449,6 +451,7 @@ class Client {
   std::unordered_map<InodeId, FileState> files_;  // guarded by files_mu_
 
   std::atomic<uint64_t> session_{0};
+  std::atomic<uint64_t> truncates_{0};  // truncate() calls that succeeded
   std::atomic<uint64_t> deferred_reads_{0};
   ReplySlots reply_slots_;
   // The meta server answered kNotSupported to Replay/ReplayWaiting, or to ReplayInline (one that

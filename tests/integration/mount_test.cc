@@ -446,6 +446,23 @@ TEST_F(MountTest, DirectIoMountKeepsDataExactAndRefusesSharedMmap) {
   std::string back;
   ASSERT_TRUE(read_file(cluster.mount_path() + "/shard", &back));
   EXPECT_TRUE(same_bytes(data, back));
+
+  // A descriptor opened before a truncate through a path or another descriptor reads up to the
+  // new end, not zeros up to the size it saw at its open (the kernel does not cut direct reads).
+  UniqueFd held(open(path.c_str(), O_RDONLY));
+  ASSERT_TRUE(held.ok()) << errno_name(errno);
+  EXPECT_EQ(pread_all(held.get(), 4096, 0, &ok).size(), 4096u);
+  ASSERT_EQ(truncate(path.c_str(), 100), 0) << errno_name(errno);
+  std::string cut = pread_all(held.get(), 4096, 0, &ok);
+  EXPECT_TRUE(ok) << errno_name(errno);
+  EXPECT_TRUE(same_bytes(data.substr(0, 100), cut)) << "read " << cut.size() << " bytes of a 100-byte file";
+  {
+    UniqueFd other(open(path.c_str(), O_WRONLY));
+    ASSERT_TRUE(other.ok());
+    ASSERT_EQ(ftruncate(other.get(), 10), 0) << errno_name(errno);
+  }
+  EXPECT_EQ(pread_all(held.get(), 4096, 0, &ok).size(), 10u);
+  held.reset();
   unmount_and_reap(mnt);
   EXPECT_FALSE(is_mount_point(mnt));
 }
