@@ -19,6 +19,9 @@ namespace penstock::proto::meta {
 inline constexpr uint32_t kMaxNameBytes = 255;
 inline constexpr uint32_t kMaxSymlinkBytes = 4095;
 inline constexpr uint32_t kMaxXattrValueBytes = 64 * 1024;
+// The names of one inode's xattrs, each with its NUL, as listxattr(2) returns them: Linux's
+// XATTR_LIST_MAX, beyond which no listing could hold them (the server refuses more: ENOSPC).
+inline constexpr uint32_t kMaxXattrListBytes = 64 * 1024;
 
 // ---- sessions (one per mount) ----
 struct RegisterSessionReq { std::string client_name; std::string hostname; PENSTOCK_FIELDS(client_name, hostname); };

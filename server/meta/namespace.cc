@@ -1296,6 +1296,19 @@ Status MetaService::set_xattr_applied(const pm::SetXattrReq& req) {
   if ((req.flags & kReplace) != 0 && !existing.has_value()) {
     return Status(Code::kNoData, "no xattr " + quoted(req.name) + " on inode " + req.ino.to_string());
   }
+  if (!existing.has_value()) {
+    // A new name must leave the list of names within what listxattr can return.
+    uint64_t list_bytes = req.name.size() + 1;
+    const std::string prefix = schema::xattr_prefix(req.ino);
+    PENSTOCK_RETURN_IF_ERROR(store_->scan(prefix, prefix, [&](std::string_view k, std::string_view) {
+      list_bytes += k.size() - prefix.size() + 1;
+      return list_bytes <= pm::kMaxXattrListBytes;
+    }));
+    if (list_bytes > pm::kMaxXattrListBytes) {
+      return Status(Code::kNoSpace, "inode " + req.ino.to_string() + " has no room for xattr " + quoted(req.name) +
+                                        ": its names would pass the 64 KiB a listing holds; remove some first");
+    }
+  }
   txn.batch().put(std::move(key), req.value);
   rec->attr.ctime_ns = options_.now();
   txn.dirty(rec);

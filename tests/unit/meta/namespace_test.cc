@@ -542,6 +542,30 @@ TYPED_TEST(NamespaceTest, XattrsWithFlags) {
   EXPECT_TRUE(s.list_xattr(pm::InodeReq{g})->names.empty());
 }
 
+// The names of a file's xattrs fit one listing (64 KiB, as on Linux): a name that would pass it is
+// refused with ENOSPC, while the listing still works and values of existing names still change.
+TYPED_TEST(NamespaceTest, XattrNamesStopAtWhatOneListingHolds) {
+  InodeId f = this->must_create(kRootInode, "f");
+  auto& s = *this->svc_;
+  const std::string stem = "user." + std::string(245, 'n');  // 250 bytes + a 5-digit number
+  size_t added = 0;
+  Status st;
+  for (; added < 1000; ++added) {
+    char num[8];
+    std::snprintf(num, sizeof(num), "%05zu", added);
+    st = s.set_xattr(pm::SetXattrReq{f, stem + num, "v", 0});
+    if (!st.is_ok()) break;
+  }
+  EXPECT_EQ(st.code(), Code::kNoSpace) << st.to_string();
+  EXPECT_EQ(added, pm::kMaxXattrListBytes / 256);
+  auto list = s.list_xattr(pm::InodeReq{f});
+  ASSERT_TRUE(list.has_value()) << list.error().to_string();
+  EXPECT_EQ(list->names.size(), added);
+  ASSERT_OK(s.set_xattr(pm::SetXattrReq{f, stem + "00000", "new value", 2}));
+  ASSERT_OK(s.remove_xattr(pm::GetXattrReq{f, stem + "00001"}));
+  ASSERT_OK(s.set_xattr(pm::SetXattrReq{f, "user.short", "fits again", 0}));
+}
+
 TYPED_TEST(NamespaceTest, SetXattrUpdatesCtime) {
   InodeId f = this->must_create(kRootInode, "f");
   this->now_ += 33;
