@@ -1943,6 +1943,16 @@ Result<pm::DirLeaseResp> MetaService::dir_lease(const pm::DirLeaseReq& req) {
       resp.names.clear();
     }
   }
+  if (resp.lease_ns > 0) {
+    // An rmdir that ended between the look above and the grant did not see the lease: the
+    // directory is looked at again now that the lease holds off every later one.
+    auto still = read_dir_inode(store_, req.dir);
+    if (!still.has_value()) {
+      dir_leases_.release(req.dir, req.session);
+      return std::move(still).error();
+    }
+    resp.dir_attr = still->attr;
+  }
   {
     // A session closed or expired since the check above holds nothing.
     std::lock_guard lock(mu_);

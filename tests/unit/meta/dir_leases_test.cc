@@ -199,7 +199,11 @@ TEST_F(DirLeasesTest, SweepForgetsWhatNobodyNeeds) {
 class GrantFaultStore : public Store {
  public:
   explicit GrantFaultStore(MemoryStore* inner) : inner_(inner) {}
-  Result<std::optional<std::string>> get(std::string_view key) override { return inner_->get(key); }
+  Result<std::optional<std::string>> get(std::string_view key) override {
+    auto r = inner_->get(key);
+    if (after_read && key == after_read_key) std::exchange(after_read, nullptr)();
+    return r;
+  }
   Status apply(const WriteBatch& batch) override {
     const bool grants = std::any_of(batch.ops().begin(), batch.ops().end(), [](const WriteBatch::Op& op) {
       return !op.is_delete && op.key.starts_with(schema::kGrantPrefix);
@@ -213,6 +217,10 @@ class GrantFaultStore : public Store {
   }
   std::string describe() const override { return "memory (grant faults)"; }
   bool fail_grants = false;
+  // Runs once, right after the next read of `after_read_key`: a change that commits between two
+  // steps of the call being made.
+  std::string after_read_key;
+  std::function<void()> after_read;
 
  private:
   MemoryStore* inner_;
@@ -446,6 +454,21 @@ TEST_F(MetaDirLeaseTest, RemovingALeasedDirectoryWaitsLikeAChangeOfItsNames) {
       << "a rename that would replace it";
   now_ += kTerm + kGrace;
   EXPECT_TRUE(svc_->rmdir(pm::NameReq{kRootInode, "empty", b_}).is_ok());
+}
+
+// An rmdir that commits between the lease's look at the directory and its grant: no lease comes
+// back, so the mount answers no create behind it for a directory that is gone (every one of them
+// would be refused later, after the application was told its file exists).
+TEST_F(MetaDirLeaseTest, NoLeaseOnADirectoryRemovedWhileTheLeaseIsGranted) {
+  ASSERT_TRUE(svc_->unlink(pm::NameReq{dir_, "old", b_}).is_ok());
+  faults_.after_read_key = schema::inode_key(dir_);
+  faults_.after_read = [&] { ASSERT_TRUE(svc_->rmdir(pm::NameReq{kRootInode, "d", b_}).is_ok()); };
+  auto r = svc_->dir_lease(pm::DirLeaseReq{a_, dir_, false, 4});
+  ASSERT_FALSE(faults_.after_read) << "the rmdir ran";
+  ASSERT_FALSE(r.has_value() && r->lease_ns > 0) << "a lease on a removed directory";
+  if (!r.has_value()) {
+    EXPECT_EQ(r.error().code(), Code::kNotFound) << r.error().to_string();
+  }
 }
 
 TEST_F(MetaDirLeaseTest, ADirectoryRenamedOverTheOneAnRmdirCheckedIsNotRemoved) {
