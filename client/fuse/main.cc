@@ -168,6 +168,8 @@ int main(int argc, char** argv) {
   app.set_config("--config", "", "read options from a TOML file (keys: meta, threads, clone-fd, "
                                  "direct-io, direct-writes, create-behind, foreground, log-level, log-file, transport, cache-size, readahead-max, "
                                  "dirty-limit, kernel-readahead, sched, fuse-uring)");
+  // A misspelled key is an error, not a default silently kept.
+  app.allow_config_extras(CLI::config_extras_mode::error);
   app.add_option("--meta", s.meta, "penstock-meta address host:port")->capture_default_str();
   app.add_flag("-f,--foreground", s.foreground, "stay in the foreground, logging to stderr");
   app.add_option("--threads", s.threads, "most FUSE worker threads")->check(CLI::Range(1, 1024))->capture_default_str();
@@ -305,8 +307,24 @@ int main(int argc, char** argv) {
   std::unique_ptr<penstock::client::Client> client = std::move(connected).value();
   penstock::fuse::MountState state{client.get(), s.direct_io, s.direct_writes};
 
-  std::string fuse_opts = "fsname=penstock:" + s.meta + ",subtype=penstock,allow_other,default_permissions";
+  // allow_other: every user of the host reaches the mount, and the kernel checks their permissions
+  // (default_permissions). fusermount3 refuses it to an unprivileged user unless /etc/fuse.conf
+  // says user_allow_other; such a mount is then for its owner alone, with a warning.
+  bool allow_other = geteuid() == 0;
+  if (!allow_other) {
+    std::ifstream conf("/etc/fuse.conf");
+    std::stringstream text;
+    text << conf.rdbuf();
+    allow_other = penstock::fuse::fuse_conf_allows_other(text.str());
+    if (!allow_other) {
+      PENSTOCK_LOG(Warn) << "mounting without allow_other: only uid " << geteuid()
+                         << " can use this mount (to share it, mount as root or add user_allow_other to /etc/fuse.conf)";
+    }
+  }
+  std::string fuse_opts = "fsname=penstock:" + s.meta + ",subtype=penstock,default_permissions";
+  if (allow_other) fuse_opts += ",allow_other";
   if (s.read_only) fuse_opts += ",ro";
+  for (const std::string& flag : s.kernel_flags) fuse_opts += "," + flag;
   std::vector<std::string> fuse_argv_s = {argv[0], "-o", fuse_opts};
   std::vector<char*> fuse_argv;
   for (auto& a : fuse_argv_s) fuse_argv.push_back(a.data());

@@ -5,6 +5,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <charconv>
@@ -17,10 +18,14 @@
 namespace penstock::fuse {
 namespace {
 
-constexpr std::array<std::string_view, 20> kIgnored = {
-    "rw", "defaults", "nodev", "nosuid", "dev", "suid", "exec", "noexec", "noatime", "relatime",
-    "atime", "auto", "noauto", "user", "nouser", "users", "nofail", "_netdev", "allow_other",
-    "default_permissions"};
+// Generic mount(8) options with nothing to do here: fstab's and systemd's, the access-time policy
+// (the meta server keeps atime), and what penstock-mount always asks for.
+constexpr std::array<std::string_view, 13> kIgnored = {
+    "rw", "defaults", "relatime", "atime", "auto", "noauto", "user", "nouser", "users", "nofail", "_netdev",
+    "allow_other", "default_permissions"};
+// Mount flags the kernel applies (MountSettings::kernel_flags): dropping them silently would let
+// an fstab's noexec or nosuid go unenforced.
+constexpr std::array<std::string_view, 7> kKernelFlags = {"nodev", "nosuid", "dev", "suid", "exec", "noexec", "noatime"};
 
 Status bad(std::string msg) { return Status(Code::kInvalid, std::move(msg)); }
 
@@ -116,6 +121,9 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
       s->fuse_uring = std::string(value);
     } else if (key.starts_with("x-")) {
       continue;
+    } else if (std::find(kKernelFlags.begin(), kKernelFlags.end(), key) != kKernelFlags.end()) {
+      PENSTOCK_RETURN_IF_ERROR(no_value());
+      s->kernel_flags.emplace_back(key);
     } else {
       bool ignored = false;
       for (std::string_view known : kIgnored) ignored = ignored || key == known;
@@ -128,6 +136,22 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
     }
   }
   return Status::ok();
+}
+
+bool fuse_conf_allows_other(std::string_view conf) {
+  size_t pos = 0;
+  while (pos < conf.size()) {
+    size_t nl = conf.find('\n', pos);
+    if (nl == std::string_view::npos) nl = conf.size();
+    std::string_view line = conf.substr(pos, nl - pos);
+    pos = nl + 1;
+    line = line.substr(0, line.find('#'));
+    const size_t first = line.find_first_not_of(" \t\r");
+    if (first == std::string_view::npos) continue;
+    line = line.substr(first, line.find_last_not_of(" \t\r") - first + 1);
+    if (line == "user_allow_other") return true;
+  }
+  return false;
 }
 
 Status check_kernel_readahead(uint64_t bytes, std::string_view what) {

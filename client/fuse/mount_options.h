@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "common/base/byte_size.h"  // parse_byte_size, for the size options
@@ -44,6 +45,9 @@ struct MountSettings {
   bool create_behind = true;
   bool foreground = false;     // stay in the foreground (no daemonizing)
   bool read_only = false;      // mount read-only ("ro")
+  // Mount flags handed to the kernel as given, in order (the last of a pair wins): noexec/exec,
+  // nosuid/suid, nodev/dev, noatime. libfuse mounts nosuid,nodev unless told otherwise.
+  std::vector<std::string> kernel_flags;
   std::string log_level = "info";
   std::string log_file;        // where logs go once daemonized (default: discarded)
   std::string transport = "auto";  // to data servers: auto | rdma | tcp (metadata always TCP)
@@ -96,6 +100,10 @@ constexpr bool direct_writes_supported(uint32_t fuse_minor) { return fuse_minor 
 // kInvalid unless `bytes` is a valid kernel_readahead value (whole KiB, at most 1 GiB; 0 = keep
 // the kernel default). `what` names the option in the message.
 Status check_kernel_readahead(uint64_t bytes, std::string_view what);
+
+// Whether /etc/fuse.conf's text (`conf`) lets an unprivileged user mount with allow_other: a line
+// that is `user_allow_other` (blanks around it allowed; `#` starts a comment).
+bool fuse_conf_allows_other(std::string_view conf);
 
 // Sets the calling thread's scheduling policy to `policy` ("batch" or "normal", see
 // MountSettings::sched); threads it starts afterwards inherit it. kInvalid for another name,

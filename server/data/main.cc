@@ -56,6 +56,8 @@ int main(int argc, char** argv) {
   std::string write_piece = std::to_string(data::kDefaultWritePieceWhileReading);
   app.set_config("--config", "", "TOML file with any of the options below (keys without the dashes, e.g. "
                                  "target = [\"/nvme0/penstock\"]); command-line flags win");
+  // A misspelled key is an error, not a default silently kept.
+  app.allow_config_extras(CLI::config_extras_mode::error);
   app.add_option("--listen", listen,
                  "host:port to listen on; registered with penstock-meta as the address clients connect to, "
                  "so use an address they can reach (default 127.0.0.1:7700; port 0 picks a free port)");

@@ -405,6 +405,8 @@ int main(int argc, char** argv) {
   Flags flags;
   CLI::App app{"penstock-meta: the Penstock metadata server (namespace, sessions, cluster map; RocksDB)"};
   app.set_config("--config", "", "Read options from this TOML file (keys are the long flag names, e.g. db = \"/var/lib/penstock/meta\"); flags given on the command line win");
+  // A misspelled key is an error, not a default silently kept.
+  app.allow_config_extras(CLI::config_extras_mode::error);
   app.add_option("--listen", flags.listen, "host:port to serve metadata RPCs on (default 127.0.0.1:7600; port 0 picks a free one)")->capture_default_str();
   app.add_option("--db", flags.db, "Directory of the RocksDB metadata database; created if missing; one penstock-meta per directory (required)")->required();
   app.add_option("--log-level", flags.log_level, "Log level: debug, info, warn or error (default info)")->capture_default_str();

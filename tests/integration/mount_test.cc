@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -408,16 +409,20 @@ TEST_F(MountTest, MountHelperMountsARunningCluster) {
 }
 
 
-// -o direct_io,sched=normal: every thread of the mount runs SCHED_OTHER, and file data bypasses
-// the kernel page cache (FOPEN_DIRECT_IO). Bytes written through
+// -o direct_io,sched=normal,noexec: every thread of the mount runs SCHED_OTHER, file data bypasses
+// the kernel page cache (FOPEN_DIRECT_IO), and the kernel enforces noexec. Bytes written through
 // it are read back exactly through it and through a page-cached mount; a private mapping works; a
 // shared mapping is refused with ENODEV, which shows the open really is direct I/O.
 TEST_F(MountTest, DirectIoMountKeepsDataExactAndRefusesSharedMmap) {
   Cluster cluster;
   ASSERT_TRUE(cluster.up());
   std::string mnt;
-  ASSERT_TRUE(mount_with_options(cluster, "direct-mnt", "direct_io,sched=normal", &mnt));
+  ASSERT_TRUE(mount_with_options(cluster, "direct-mnt", "direct_io,sched=normal,noexec", &mnt));
   expect_mount_threads_policy(mnt, SCHED_OTHER);
+  struct statvfs vfs {};
+  ASSERT_EQ(statvfs(mnt.c_str(), &vfs), 0) << errno_name(errno);
+  EXPECT_NE(vfs.f_flag & ST_NOEXEC, 0u) << "noexec was not applied";
+  EXPECT_NE(vfs.f_flag & ST_NOSUID, 0u) << "libfuse's default nosuid is gone";
 
   const std::string data = pattern((5u << 20) + 4097, 0, 77);
   const std::string path = mnt + "/shard";

@@ -58,6 +58,24 @@ TEST(MountOptions, GenericOptionsAreAccepted) {
   EXPECT_EQ(s.meta, before.meta);
   EXPECT_EQ(s.threads, before.threads);
   EXPECT_FALSE(s.clone_fd);
+  EXPECT_EQ(s.kernel_flags, (std::vector<std::string>{"nodev", "nosuid", "noatime"}));
+}
+
+TEST(MountOptions, FuseConfAllowsOtherOnlyWithItsOwnLine) {
+  EXPECT_FALSE(fuse_conf_allows_other(""));
+  EXPECT_FALSE(fuse_conf_allows_other("# mount_max = 1000\n#user_allow_other\n"));  // Debian's default
+  EXPECT_TRUE(fuse_conf_allows_other("mount_max = 1000\n  user_allow_other  # shared mounts\n"));
+  EXPECT_TRUE(fuse_conf_allows_other("user_allow_other"));
+  EXPECT_FALSE(fuse_conf_allows_other("user_allow_others\n"));
+}
+
+// noexec, nosuid, nodev and their opposites go to the kernel as given (an fstab's noexec was
+// accepted and dropped, so the mount let files be executed).
+TEST(MountOptions, MountFlagsReachTheKernelInOrder) {
+  MountSettings s;
+  ASSERT_TRUE(apply_mount_options("noexec,_netdev,suid,exec", &s).is_ok());
+  EXPECT_EQ(s.kernel_flags, (std::vector<std::string>{"noexec", "suid", "exec"}));
+  EXPECT_FALSE(apply_mount_options("noexec=1", &s).is_ok());
 }
 
 TEST(MountOptions, ReadOnlyAndRwLastWins) {
