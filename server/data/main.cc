@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", level, "debug | info | warn | error (default info)");
   app.add_option("--heartbeat-ms", heartbeat_ms,
                  "milliseconds between heartbeats to penstock-meta carrying each target's free space "
-                 "(default 2000)")
+                 "(default 2000); keep it well under penstock-meta's --node-timeout-s (default 10 s), "
+                 "or this node is marked offline between heartbeats")
       ->check(CLI::Range(50, 600000));
   app.add_option("--workers", workers,
                  "threads running chunk requests, each with its own io_uring (default 8)")
