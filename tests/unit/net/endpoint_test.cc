@@ -39,7 +39,7 @@ TEST(EndpointTest, ParsesBracketedIpv6) {
 TEST(EndpointTest, RejectsMalformed) {
   for (const char* bad : {"", ":", "7000", "host", "host:", ":7000", "host:70000", "host:-1", "host:7x",
                           "host: 7000", "host:7000 ", "[::1]", "[::1]7000", "[::1:7000", "[]:7000",
-                          "host:99999999999999999999"}) {
+                          "host:99999999999999999999", "::1", "fe80::1", "host::7000", "[[::1]:80", "[::1]]:80"}) {
     auto e = Endpoint::parse(bad);
     EXPECT_FALSE(e.has_value()) << "'" << bad << "' parsed";
     if (!e.has_value()) {
