@@ -1631,6 +1631,11 @@ Status MetaService::end_reclaim_grace_locked(int64_t now, bool* queued) {
                          << "session(s) " << ids << " did not send theirs (an older penstock-mount, or one cut off): "
                          << "a file they opened just before the last stop may lose its data when unlinked";
     }
+    // Their opens are no longer counted apart: a session that never sends its list would grow
+    // that count by every file it opens, for as long as it lives. A list sent later is taken
+    // as one from a session registered after the start (the larger of the two counts).
+    unreclaimed_.clear();
+    opened_unreclaimed_.clear();
   }
   if (grace_orphans_.empty()) return Status::ok();
   Txn txn(store_, &used_inodes_, &gc_queue_, &opens_);

@@ -14,7 +14,7 @@ uint32_t OpenTable::add(SessionId session, InodeId ino, int64_t now_ns, uint32_t
   if (n == 0) return count(session, ino);
   const Key k{session.value, ino.value};
   Entry& e = entry(k);
-  e.count += n;
+  e.count = n > UINT32_MAX - e.count ? UINT32_MAX : e.count + n;  // saturates: never wraps to "closed"
   touch(k, e, now_ns);
   return e.count;
 }

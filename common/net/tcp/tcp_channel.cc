@@ -511,6 +511,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     asio::post(strand_, [self = shared_from_this()] { self->kick_sweep(); });
   }
 
+  // While the connection is not up (connecting, or waiting out a refusing server), requests of
+  // calls that expired meanwhile leave the write queue: nothing else takes them out before a
+  // connect succeeds, and calls go on arriving, each holding its encoded message.
+  // REQUIRES: mu_ held.
+  void drop_unsent_expired_locked() {
+    if (connected_locked_) return;  // the writer skips them (do_write) and pops the queue itself
+    std::erase_if(queue_, [this](const WriteItem& w) { return !pending_.contains(w.id); });
+  }
+
   void arm_sweep() {
     sweep_timer_.expires_after(kSweepPeriod);
     sweep_timer_.async_wait([self = shared_from_this()](error_code ec) { self->on_sweep(ec); });
@@ -528,6 +537,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (pending_.empty()) {
+        drop_unsent_expired_locked();
         sweeping_ = sweep_armed_ = false;
         earliest_deadline_ = Clock::time_point::max();
         return;
@@ -552,6 +562,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
           ++it;
         }
         earliest_deadline_ = earliest;
+        drop_unsent_expired_locked();
       }
     }
     for (auto& done : expired_) done(waiting_refused_ ? refused_status() : timed_out());

@@ -734,6 +734,36 @@ TEST_F(RpcTest, RequestsForLargeAnswersCountTheirAnswersFromTheStart) {
   }
 }
 
+// While a channel waits out a refusing server (a mount's meta channel during a restart), calls that
+// time out meanwhile give their requests back: before, each stayed in the write queue until a
+// connect succeeded, so an outage with calls going on grew without bound (here 400 MiB).
+TEST_F(RpcTest, RequestsOfCallsThatExpireWhileRefusedAreNotKept) {
+  rpc::RpcClient client = client_of_stopped_server(true);
+  std::promise<Result<EchoResp>> long_call;
+  rpc::CallOptions long_opts;
+  long_opts.timeout = 30s;  // keeps the channel waiting
+  client.call_async<Echo>(EchoReq{"long"}, long_opts, [&](Result<EchoResp> r) { long_call.set_value(std::move(r)); });
+  const uint64_t before = resident_bytes();
+  constexpr int kCalls = 400;
+  std::atomic<int> done{0};
+  rpc::CallOptions short_opts;
+  short_opts.timeout = 10ms;
+  EchoReq big;
+  big.text.assign(1u << 20, 'q');
+  for (int i = 0; i < kCalls; ++i) {
+    client.call_async<Echo>(big, short_opts, [&](Result<EchoResp>) { done.fetch_add(1); });
+    if (i % 50 == 49) std::this_thread::sleep_for(20ms);  // sweeps run meanwhile
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (done.load() < kCalls && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(done.load(), kCalls);
+  std::this_thread::sleep_for(100ms);
+  const uint64_t grown = resident_bytes() - std::min(before, resident_bytes());
+  std::printf("resident memory grew by %llu MiB for %d expired 1 MiB requests\n",
+              static_cast<unsigned long long>(grown >> 20), kCalls);
+  EXPECT_LT(grown, 150ull << 20) << "resident memory grew by " << (grown >> 20) << " MiB";
+}
+
 TEST_F(RpcTest, GarbageBytesCloseTheConnectionOnly) {
   RawPeer peer(port_);
   std::mt19937 rng(42);

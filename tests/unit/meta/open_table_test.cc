@@ -265,6 +265,42 @@ TEST_F(OpenFilesAcrossACrash, AReleaseOfAnOpenTheCrashForgotDoesNotCancelANewerO
   EXPECT_FALSE(file_exists());
 }
 
+// A count a mount sends back may be anything: at its largest, one more open must not wrap it to 0
+// (not open), which let an unlink free a file the mount held open.
+TEST_F(OpenFilesAcrossACrash, AnOpenCountSaturatesInsteadOfWrappingToClosed) {
+  start();
+  ASSERT_OK(svc_->reclaim_opens(pm::ReclaimOpensReq{session_, {pm::OpenCount{file_, UINT32_MAX}}, true}));
+  ASSERT_OK(svc_->open_file(pm::OpenReq{file_, session_, 0}));
+  ASSERT_OK(svc_->unlink(pm::NameReq{kRootInode, "f", SessionId()}));
+  EXPECT_TRUE(file_exists()) << "the file is open";
+  OpenTable t;
+  t.add(session_, file_, 0, UINT32_MAX);
+  EXPECT_EQ(t.add(session_, file_, 0, 1), UINT32_MAX);
+}
+
+// Opens of a session that never sends its list are counted apart only while the start waits for
+// the lists (one lease): afterwards they are ordinary opens, and a list sent late is not added to
+// every open made since the start (which kept unlinked files, and grew without bound).
+TEST_F(OpenFilesAcrossACrash, OpensAfterTheWaitAreNotCountedApartForASessionThatNeverSent) {
+  start();
+  now_ += 20'000'000'000;
+  ASSERT_OK(svc_->heartbeat(pm::SessionReq{session_}));
+  ASSERT_OK(svc_->expire());
+  now_ += 11'000'000'000;  // past the 30 s lease since the start
+  ASSERT_OK(svc_->heartbeat(pm::SessionReq{session_}));
+  ASSERT_OK(svc_->expire());
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_OK(svc_->open_file(pm::OpenReq{file_, session_, 0}));
+    ASSERT_OK(svc_->release(pm::ReleaseReq{file_, session_}));
+  }
+  ASSERT_OK(svc_->open_file(pm::OpenReq{file_, session_, 0}));
+  ASSERT_OK(svc_->reclaim_opens(pm::ReclaimOpensReq{session_, {pm::OpenCount{file_, 1}}, true}));  // late
+  ASSERT_OK(svc_->unlink(pm::NameReq{kRootInode, "f", SessionId()}));
+  EXPECT_TRUE(file_exists()) << "one descriptor is open";
+  ASSERT_OK(svc_->release(pm::ReleaseReq{file_, session_}));
+  EXPECT_FALSE(file_exists()) << "the 1000 opens and releases since the start were counted again";
+}
+
 TEST_F(OpenFilesAcrossACrash, UnlinkedFilesWaitUntilEverySessionSentItsOpensOrOneLeasePassed) {
   const InodeId g = create("g");
   const InodeId h = create("h");
