@@ -13,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/base/lines.h"
 #include "common/base/log.h"
 
 namespace penstock::fuse {
@@ -139,12 +140,9 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
 }
 
 bool fuse_conf_allows_other(std::string_view conf) {
-  size_t pos = 0;
-  while (pos < conf.size()) {
-    size_t nl = conf.find('\n', pos);
-    if (nl == std::string_view::npos) nl = conf.size();
-    std::string_view line = conf.substr(pos, nl - pos);
-    pos = nl + 1;
+  LineReader lines(conf);
+  std::string_view line;
+  while (lines.next(&line)) {
     line = line.substr(0, line.find('#'));
     const size_t first = line.find_first_not_of(" \t\r");
     if (first == std::string_view::npos) continue;
@@ -221,12 +219,10 @@ std::vector<std::string_view> split_spaces(std::string_view line) {
 
 Result<dev_t> fuse_mount_dev(std::string_view mountinfo, std::string_view mountpoint) {
   std::optional<dev_t> found;
-  size_t pos = 0;
-  while (pos < mountinfo.size()) {
-    const size_t nl = mountinfo.find('\n', pos);
-    const size_t end = nl == std::string_view::npos ? mountinfo.size() : nl;
-    const std::vector<std::string_view> f = split_spaces(mountinfo.substr(pos, end - pos));
-    pos = end + 1;
+  LineReader lines(mountinfo);
+  std::string_view line;
+  while (lines.next(&line)) {
+    const std::vector<std::string_view> f = split_spaces(line);
     // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTIONS
     if (f.size() < 8 || unescape_mountinfo(f[4]) != mountpoint) continue;
     size_t dash = 6;

@@ -20,6 +20,7 @@
 #include <optional>
 #include <sstream>
 
+#include "common/base/lines.h"
 #include "tools/bench/units.h"
 
 namespace penstock::bench {
@@ -511,12 +512,9 @@ Status drop_caches(const std::string& dir) {
 
 Result<uint64_t> busy_ticks_from_proc_stat(std::string_view text) {
   // The aggregate line: "cpu  user nice system idle iowait irq softirq steal guest guest_nice".
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t eol = text.find('\n', pos);
-    if (eol == std::string_view::npos) eol = text.size();
-    std::string_view line = text.substr(pos, eol - pos);
-    pos = eol + 1;
+  LineReader lines(text);
+  std::string_view line;
+  while (lines.next(&line)) {
     if (line.size() < 4 || line.substr(0, 4) != "cpu ") continue;
     uint64_t f[8] = {};
     size_t i = 3;
