@@ -227,6 +227,18 @@ TEST_F(TwoMountsTest, NoNegativeCaching) {
 // Attributes: a stat() by path on B sees A's change at once (every path lookup asks the meta
 // server); fstat() on a descriptor B already holds may reuse its attributes for at most the 1 s
 // attribute timeout, then sees the change too.
+// fstat(fd)'s size, polled for up to 3 s until it is `want` (-1 when fstat fails).
+off_t fstat_size_once_it_is(int fd, off_t want) {
+  struct stat st {};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  do {
+    if (fstat(fd, &st) != 0) return -1;
+    if (st.st_size == want) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  } while (std::chrono::steady_clock::now() < deadline);
+  return st.st_size;
+}
+
 TEST_F(TwoMountsTest, StatByPathIsFreshAndAnOpenDescriptorCatchesUpWithinASecond) {
   ASSERT_TRUE(write_file(a("grow"), "0123456789"));
   UniqueFd held(open(b("grow").c_str(), O_RDONLY));
@@ -236,13 +248,7 @@ TEST_F(TwoMountsTest, StatByPathIsFreshAndAnOpenDescriptorCatchesUpWithinASecond
   EXPECT_EQ(st.st_size, 10);
   ASSERT_TRUE(write_file(a("grow"), std::string(25, 'x')));
   // The held descriptor first (a path lookup would refresh the same inode's attributes).
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  do {
-    ASSERT_EQ(fstat(held.get(), &st), 0);
-    if (st.st_size == 25) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  } while (std::chrono::steady_clock::now() < deadline);
-  EXPECT_EQ(st.st_size, 25) << "fstat on B's open descriptor did not catch up within the timeout";
+  EXPECT_EQ(fstat_size_once_it_is(held.get(), 25), 25) << "fstat on B's open descriptor did not catch up within the timeout";
   ASSERT_TRUE(write_file(a("grow"), std::string(40, 'y')));
   ASSERT_EQ(chmod(a("grow").c_str(), 0600), 0);
   ASSERT_EQ(stat(b("grow").c_str(), &st), 0);
@@ -268,14 +274,7 @@ TEST_F(TwoMountsTest, BytesAppendedWithinTheLastPageAreReadNotZeros) {
     ASSERT_TRUE(fd.ok());
     ASSERT_TRUE(write_all(fd.get(), more));
   }
-  struct stat st {};
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  do {
-    ASSERT_EQ(fstat(held.get(), &st), 0);
-    if (st.st_size == 6000) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  } while (std::chrono::steady_clock::now() < deadline);
-  ASSERT_EQ(st.st_size, 6000) << "fstat on B's open descriptor did not catch up";
+  ASSERT_EQ(fstat_size_once_it_is(held.get(), 6000), 6000) << "fstat on B's open descriptor did not catch up";
   const std::string got = pread_all(held.get(), 8192, 0, &ok);
   ASSERT_TRUE(ok) << errno_name(errno);
   EXPECT_TRUE(same_bytes(first + more, got)) << "B read the appended bytes as its cached zeros";
