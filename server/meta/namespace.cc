@@ -1598,6 +1598,13 @@ Result<pm::HeartbeatResp> MetaService::node_heartbeat_applied(const pm::NodeHear
       return st.with_context("node heartbeat");
     }
     PENSTOCK_LOG(Info) << "node " << req.node.value << " is online again; map version " << map_version_;
+    const int64_t last = nit->second.last_heartbeat_ns;
+    if (!nit->second.online && last != 0 && options_.now() - last > options_.node_timeout_ns) {
+      PENSTOCK_LOG(Warn) << "node " << req.node.value << " sent no heartbeat for " << (options_.now() - last) / 1'000'000
+                         << " ms, past the node timeout (" << options_.node_timeout_ns / 1'000'000
+                         << " ms), and was offline meanwhile: keep its --heartbeat-ms well under --node-timeout-s, "
+                         << "or look for what stalls it";
+    }
   }
   nit->second.online = true;
   nit->second.last_heartbeat_ns = options_.now();
