@@ -681,6 +681,14 @@ uint64_t resident_bytes() {
   return n == 2 ? static_cast<uint64_t>(resident) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) : 0;
 }
 
+// How much resident memory grew since `before` (0 when it shrank), also printed for the log.
+uint64_t resident_growth_since(uint64_t before, const std::string& what) {
+  const uint64_t after = resident_bytes();
+  const uint64_t grown = after > before ? after - before : 0;
+  std::printf("resident memory grew by %llu MiB for %s\n", static_cast<unsigned long long>(grown >> 20), what.c_str());
+  return grown;
+}
+
 // A peer that sends requests for 1 MiB answers and never reads them: the server stops reading
 // from it once 128 requests (256 MiB) are unanswered or unwritten, instead of queueing 1000 MiB
 // of responses, and keeps serving everyone else.
@@ -694,10 +702,7 @@ TEST_F(RpcTest, APeerThatNeverReadsCannotMakeTheServerQueueResponsesWithoutBound
   const std::string msg = proto::encode(req);
   for (int i = 0; i < kRequests; ++i) peer.send_request(Echo::kId, msg, static_cast<uint64_t>(i + 1));
   std::this_thread::sleep_for(1500ms);  // the server reads and answers all it is going to
-  const uint64_t after = resident_bytes();
-  const uint64_t grown = after > before ? after - before : 0;
-  std::printf("resident memory grew by %llu MiB for %d unread 1 MiB answers\n",
-              static_cast<unsigned long long>(grown >> 20), kRequests);
+  const uint64_t grown = resident_growth_since(before, std::to_string(kRequests) + " unread 1 MiB answers");
   EXPECT_LT(grown, 500ull << 20) << "resident memory grew by " << (grown >> 20) << " MiB";
   expect_echo_works();
   // Once the peer reads, every answer arrives.
@@ -723,10 +728,7 @@ TEST_F(RpcTest, RequestsForLargeAnswersCountTheirAnswersFromTheStart) {
   const std::string msg = proto::encode(req);
   for (int i = 0; i < kRequests; ++i) peer.send_request(Echo::kId, msg, static_cast<uint64_t>(i + 1));
   std::this_thread::sleep_for(1500ms);
-  const uint64_t after = resident_bytes();
-  const uint64_t grown = after > before ? after - before : 0;
-  std::printf("resident memory grew by %llu MiB for %d unread 16 MiB answers\n",
-              static_cast<unsigned long long>(grown >> 20), kRequests);
+  const uint64_t grown = resident_growth_since(before, std::to_string(kRequests) + " unread 16 MiB answers");
   EXPECT_LT(grown, 600ull << 20) << "resident memory grew by " << (grown >> 20) << " MiB";
   expect_echo_works();
   for (int i = 0; i < kRequests; ++i) {
@@ -760,10 +762,7 @@ TEST_F(RpcTest, RequestsOfCallsThatExpireWhileRefusedAreNotKept) {
   while (done.load() < kCalls && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
   ASSERT_EQ(done.load(), kCalls);
   std::this_thread::sleep_for(100ms);
-  const uint64_t after = resident_bytes();
-  const uint64_t grown = after > before ? after - before : 0;
-  std::printf("resident memory grew by %llu MiB for %d expired 1 MiB requests\n",
-              static_cast<unsigned long long>(grown >> 20), kCalls);
+  const uint64_t grown = resident_growth_since(before, std::to_string(kCalls) + " expired 1 MiB requests");
   EXPECT_LT(grown, 150ull << 20) << "resident memory grew by " << (grown >> 20) << " MiB";
 }
 
