@@ -1606,6 +1606,9 @@ Status Client::flush_and_report(InodeId ino, WriteCursor* cursor, bool durable) 
   }
   // Writes are on the data servers now (visible to every reader); what close-to-open still needs
   // is the size at the meta server: visible at once, and durable when fsync asks for it.
+  // An entry with neither bytes nor a time holds no write that succeeded (write() enters the file
+  // before it sends): nothing to report, as before a setattr could set the time.
+  if (written_end == 0 && mtime == 0) return sync_log();
   const meta::ReportSizeReq req{ino, written_end, mtime};
   auto r = durable ? meta_call<meta::ReportSize>(req) : meta_call<meta::ReportSizeAtClose>(req);
   // A meta server older than ReportSizeAtClose syncs every report (and has no SyncLog).
