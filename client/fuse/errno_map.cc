@@ -1,5 +1,7 @@
 #include "client/fuse/errno_map.h"
 
+#include <fcntl.h>
+
 #include <cerrno>
 
 namespace penstock::fuse {
@@ -37,6 +39,14 @@ int errno_of(Code code) {
     case Code::kCancelled: return EIO;
   }
   return EIO;
+}
+
+Status create_error_for_open(const Status& st, int open_flags) {
+  if (st.code() != Code::kExists || (open_flags & O_EXCL) != 0) {
+    return st;
+  }
+  return Status(Code::kStale, st.message() + " (another client created it after this mount's lookup; "
+                                             "the kernel looks the name up again and opens it)");
 }
 
 }  // namespace penstock::fuse

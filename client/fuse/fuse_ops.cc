@@ -514,7 +514,7 @@ void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
 void op_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
   const uint64_t truncates = client_of(req).truncates();
   auto r = client_of(req).create(InodeId(parent), name, mode, caller_of(req));
-  if (!r.has_value()) return reply_status(req, r.error(), "create", parent);
+  if (!r.has_value()) return reply_status(req, create_error_for_open(r.error(), fi->flags), "create", parent);
   auto fh = std::make_unique<FileHandle>();
   fh->ino = r->ino;
   fh->layout = r->layout;

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -222,6 +223,66 @@ TEST_F(TwoMountsTest, NoNegativeCaching) {
   EXPECT_EQ(contents(b("late")), "arrived");
   ASSERT_EQ(mkdir(a("late-dir").c_str(), 0755), 0);
   EXPECT_EQ(stat(b("late-dir").c_str(), &st), 0) << errno_name(errno);
+}
+
+// Every rank opening one shared file with O_CREAT (a log, a marker file): the kernel of each host
+// looks the name up, finds nothing, and sends CREATE; the host that comes second must open the file
+// the first made, not fail with EEXIST. With O_EXCL exactly one of them wins. Both threads start
+// each open together; a name whose two opens did not overlap still checks the plain case.
+TEST_F(TwoMountsTest, OpensWithOCreatRacingOnTwoMountsBothOpenTheOneFile) {
+  constexpr int kNames = 150;
+  std::atomic<int> ready{0};
+  auto racer = [&](const std::string& root, int round, int flags, int* fd, int* err) {
+    ready.fetch_add(1);
+    while (ready.load() < 2 * (round + 1)) {
+    }
+    // A directory of its own per 8 names: 16 unwritten creates in one directory would make a mount
+    // take its lease, and the race is between two mounts creating without one.
+    const std::string path = root + "/d" + std::to_string(round / 8) + "/f" + std::to_string(round);
+    *fd = open(path.c_str(), flags, 0644);
+    *err = *fd < 0 ? errno : 0;
+  };
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool excl = pass == 1;
+    const std::string sub = excl ? "excl" : "shared";
+    ASSERT_EQ(mkdir(a(sub).c_str(), 0755), 0) << errno_name(errno);
+    for (int d = 0; d < kNames / 8 + 1; ++d) {
+      ASSERT_EQ(mkdir(a(sub + "/d" + std::to_string(d)).c_str(), 0755), 0) << errno_name(errno);
+    }
+    ready.store(0);
+    int both_opened = 0, one_opened = 0;
+    std::vector<std::string> failures;
+    for (int i = 0; i < kNames; ++i) {
+      const int flags = O_CREAT | O_WRONLY | O_APPEND | (excl ? O_EXCL : 0);
+      int fd_a = -1, fd_b = -1, err_a = 0, err_b = 0;
+      std::thread ta(racer, a(sub), i, flags, &fd_a, &err_a);
+      std::thread tb(racer, b(sub), i, flags, &fd_b, &err_b);
+      ta.join();
+      tb.join();
+      UniqueFd ua(fd_a), ub(fd_b);
+      if (ua.ok() && ub.ok()) {
+        ++both_opened;
+        struct stat sa {}, sb {};
+        ASSERT_EQ(fstat(ua.get(), &sa), 0);
+        ASSERT_EQ(fstat(ub.get(), &sb), 0);
+        EXPECT_EQ(sa.st_ino, sb.st_ino) << "name " << i << ": two mounts opened two files";
+      } else if (ua.ok() || ub.ok()) {
+        ++one_opened;
+        const int err = ua.ok() ? err_b : err_a;
+        if (!excl || err != EEXIST) failures.push_back("name " + std::to_string(i) + ": " + errno_name(err));
+      } else {
+        failures.push_back("name " + std::to_string(i) + ": both failed, " + errno_name(err_a) + " / " +
+                           errno_name(err_b));
+      }
+    }
+    EXPECT_TRUE(failures.empty()) << (excl ? "O_EXCL" : "O_CREAT") << ": " << failures.size()
+                                  << " opens failed, the first: " << failures.front();
+    if (excl) {
+      EXPECT_EQ(one_opened, kNames) << "O_CREAT|O_EXCL: both mounts created one name " << both_opened << " times";
+    } else {
+      EXPECT_EQ(both_opened, kNames);
+    }
+  }
 }
 
 // Attributes: a stat() by path on B sees A's change at once (every path lookup asks the meta

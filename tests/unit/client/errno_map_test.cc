@@ -1,5 +1,7 @@
 #include "client/fuse/errno_map.h"
 
+#include <fcntl.h>
+
 #include <gtest/gtest.h>
 
 #include <cerrno>
@@ -70,6 +72,22 @@ TEST(ErrnoOf, OnlyOkIsZero) {
 
 TEST(ErrnoOf, UnknownNumberIsEio) {
   EXPECT_EQ(errno_of(static_cast<Code>(9999)), EIO);
+}
+
+// A name another client made between the kernel's LOOKUP and its CREATE: open() without O_EXCL
+// must open that file (ESTALE makes the kernel look the name up again), with O_EXCL it is EEXIST.
+TEST(CreateErrorForOpen, ANameMadeElsewhereAfterTheLookupIsLookedUpAgainUnlessExclusive) {
+  const Status exists(Code::kExists, "shard.pt exists in directory 7");
+  const Status again = create_error_for_open(exists, O_CREAT | O_WRONLY | O_TRUNC);
+  EXPECT_EQ(errno_of(again.code()), ESTALE);
+  EXPECT_NE(again.message().find("shard.pt exists in directory 7"), std::string::npos) << again.message();
+  EXPECT_EQ(errno_of(create_error_for_open(exists, O_CREAT | O_EXCL | O_WRONLY).code()), EEXIST);
+  // Other failures are the create's own, whatever the flags.
+  for (Code code : {Code::kNotFound, Code::kPermission, Code::kNoSpace, Code::kUnavailable}) {
+    const Status st(code, "create failed");
+    EXPECT_EQ(create_error_for_open(st, O_CREAT | O_RDWR).code(), code) << code_name(code);
+    EXPECT_EQ(create_error_for_open(st, O_CREAT | O_EXCL | O_RDWR).code(), code) << code_name(code);
+  }
 }
 
 }  // namespace
