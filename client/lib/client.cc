@@ -72,11 +72,14 @@ std::string local_hostname() {
 
 namespace {
 constexpr size_t kMaxCachedDirAttrs = 65536;
+constexpr size_t kMaxReportedSizes = 65536;
 }  // namespace
 
 Client::Client(ClientOptions options, net::Endpoint meta_endpoint)
     : options_(std::move(options)),
       meta_endpoint_(std::move(meta_endpoint)),
+      // A reply to a call sent before a report arrives within the call's deadline, or never.
+      reported_(options_.call_timeout + std::chrono::seconds(1), kMaxReportedSizes),
       dir_attrs_(options_.dir_attr_max_age, kMaxCachedDirAttrs) {}
 
 Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
@@ -430,6 +433,7 @@ void Client::merge_local_size(proto::InodeAttr* attr) {
   if (!is_regular(*attr)) return;
   std::lock_guard<std::mutex> lock(files_mu_);
   auto it = files_.find(attr->ino);
+  reported_.merge(attr);  // a reply made before one of our size reports applied
   if (it == files_.end()) return;
   if (it->second.written_end > attr->size) attr->size = it->second.written_end;
   if (it->second.mtime_ns > attr->mtime_ns) attr->mtime_ns = it->second.mtime_ns;
@@ -1615,6 +1619,7 @@ Status Client::flush_and_report(InodeId ino, WriteCursor* cursor, bool durable) 
   if (!r.has_value() && r.error().code() == Code::kNotSupported) r = meta_call<meta::ReportSize>(req);
   if (!r.has_value()) return r.error().with_context("report size of inode " + ino.to_string());
   std::lock_guard<std::mutex> lock(files_mu_);
+  reported_.note(r->attr);
   auto it = files_.find(ino);
   // The meta server now knows the size; forget ours unless another write came in meanwhile.
   if (it != files_.end() && it->second.seq == seq) files_.erase(it);

@@ -46,6 +46,7 @@
 #include "client/lib/dir_attr_cache.h"
 #include "client/lib/io_plan.h"
 #include "client/lib/read_ahead.h"
+#include "client/lib/reported_sizes.h"
 #include "client/lib/reply_slots.h"
 #include "client/lib/write_behind.h"
 #include "common/base/result.h"
@@ -449,6 +450,7 @@ class Client {
 
   std::mutex files_mu_;  // leaf lock
   std::unordered_map<InodeId, FileState> files_;  // guarded by files_mu_
+  ReportedSizes reported_;  // guarded by files_mu_: what the last size reports left (merge_local_size)
 
   std::atomic<uint64_t> session_{0};
   std::atomic<uint64_t> truncates_{0};  // truncate() calls that succeeded
