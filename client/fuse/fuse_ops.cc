@@ -241,6 +241,25 @@ std::vector<client::Counter> mount_counters(const Client& c) {
           {"open_tickets_released_unused", tickets.dropped}};
 }
 
+// libfuse reads a request into a pipe only when the pipe holds a whole one: max_write plus its
+// header room (FUSE_BUFFER_HEADER_SIZE); otherwise it quietly reads every request into memory.
+constexpr size_t kFuseHeaderRoom = 0x1000;
+
+// Whether this process can grow a pipe to `bytes` (past /proc/sys/fs/pipe-max-size only with
+// CAP_SYS_RESOURCE), as libfuse will try for each thread's splice pipe.
+bool pipe_can_hold(size_t bytes, std::string* why_not) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    *why_not = std::string("pipe2: ") + std::strerror(errno);
+    return false;
+  }
+  const bool ok = fcntl(fds[0], F_SETPIPE_SZ, static_cast<int>(bytes)) >= 0;
+  if (!ok) *why_not = "a pipe cannot grow to " + std::to_string(bytes) + " bytes (" + std::strerror(errno) + ")";
+  close(fds[0]);
+  close(fds[1]);
+  return ok;
+}
+
 // ---- ops ----
 
 void op_init(void* userdata, fuse_conn_info* conn) {
@@ -259,14 +278,31 @@ void op_init(void* userdata, fuse_conn_info* conn) {
   want_if_offered(FUSE_CAP_PARALLEL_DIROPS);
   want_if_offered(FUSE_CAP_READDIRPLUS);
   want_if_offered(FUSE_CAP_READDIRPLUS_AUTO);
-  // No splice: libfuse then reads each request into its own buffer and write_buf hands that memory
-  // to the client as is (one copy, into the write-behind buffer); with SPLICE_READ the data would
-  // arrive in a pipe and need a copy out of it. SPLICE_WRITE/MOVE would only help replies from
-  // file descriptors, and our replies come from memory.
+  // SPLICE_READ only with --splice-writes: a read() of /dev/fuse copies a WRITE's data from the
+  // writer's page-cache pages into libfuse's buffer, and write-behind copies it again into its
+  // own; spliced, the kernel puts those pages into libfuse's pipe by reference and write_buf reads
+  // them straight into the write-behind buffer (op_write_buf), one copy fewer per byte written.
+  // But every other request then costs a splice and a read of the pipe instead of one read.
+  // SPLICE_WRITE/MOVE would only help replies from file descriptors, and ours come from memory.
   // No AUTO_INVAL_DATA: it makes the kernel fetch the attributes before every read() call (one meta
   // round trip per read); close-to-open needs the check only at open, which op_open does with the
   // file's generation (keep_cache). Reads past the cached size still fetch the attributes.
   conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_AUTO_INVAL_DATA);
+  if (mount->splice_writes) {
+    std::string why_not;
+    if ((conn->capable & FUSE_CAP_SPLICE_READ) == 0) {
+      why_not = "the kernel does not offer SPLICE_READ";
+    } else if (!pipe_can_hold(kMaxWrite + kFuseHeaderRoom, &why_not)) {
+      why_not += "; raise /proc/sys/fs/pipe-max-size to at least " + std::to_string(2 * kMaxWrite) +
+                 " or give penstock-mount CAP_SYS_RESOURCE";
+    }
+    if (why_not.empty()) {
+      conn->want |= FUSE_CAP_SPLICE_READ;
+    } else {
+      mount->splice_writes = false;
+      PENSTOCK_LOG(Info) << "write data is read from /dev/fuse and copied, not spliced: " << why_not;
+    }
+  }
   // The writeback cache would keep written bytes (and the size) in this kernel past close():
   // close-to-open and "write errors at fsync/close" need every write to reach us. O_TRUNC comes
   // as setattr(size) so one path truncates. The kernel clears suid/sgid on write itself.
@@ -606,13 +642,22 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   pieces.clear();
 }
 
-void do_write(fuse_req_t req, fuse_ino_t ino, std::span<const uint8_t> data, off_t off, fuse_file_info* fi) {
+// `spliced`: the bufvec whose pipe `src` reads; marked consumed once all of it was read, else
+// libfuse would take the pipe as holding leftovers and replace it (a pipe2 and two closes a write).
+void do_write(fuse_req_t req, fuse_ino_t ino, client::WriteSource& src, off_t off, fuse_file_info* fi,
+              fuse_bufvec* spliced = nullptr) {
   FileHandle* fh = file_of(fi);
   auto layout = layout_of(req, fh);
   if (!layout.has_value()) return reply_status(req, layout.error(), "write", ino);
-  Status st = client_of(req).write(fh->ino, **layout, static_cast<uint64_t>(off), data, &fh->write_cursor);
+  Status st = client_of(req).write(fh->ino, **layout, static_cast<uint64_t>(off), src, &fh->write_cursor);
+  if (spliced != nullptr && src.taken() == src.size()) spliced->idx = spliced->count;
   if (!st.is_ok()) return reply_status(req, st, "write", ino);
-  fuse_reply_write(req, data.size());
+  fuse_reply_write(req, src.size());
+}
+
+void do_write(fuse_req_t req, fuse_ino_t ino, std::span<const uint8_t> data, off_t off, fuse_file_info* fi) {
+  client::WriteSource src(data);
+  do_write(req, ino, src, off, fi);
 }
 
 void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
@@ -621,9 +666,17 @@ void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_
 
 void op_write_buf(fuse_req_t req, fuse_ino_t ino, fuse_bufvec* in, off_t off, fuse_file_info* fi) {
   const size_t size = fuse_buf_size(in);
-  if (in->count == 1 && in->idx == 0 && in->off == 0 && (in->buf[0].flags & FUSE_BUF_IS_FD) == 0) {
-    // The request's own memory: no copy here (write-behind copies once into its buffer).
-    return do_write(req, ino, std::span<const uint8_t>(static_cast<const uint8_t*>(in->buf[0].mem), size), off, fi);
+  if (in->count == 1 && in->idx == 0 && in->off == 0) {
+    const fuse_buf& b = in->buf[0];
+    if ((b.flags & FUSE_BUF_IS_FD) == 0) {
+      // The request's own memory: no copy here (write-behind copies once into its buffer).
+      return do_write(req, ino, std::span<const uint8_t>(static_cast<const uint8_t*>(b.mem), size), off, fi);
+    }
+    if ((b.flags & FUSE_BUF_FD_SEEK) == 0) {
+      // Spliced (SPLICE_READ): the data waits in libfuse's pipe; write-behind reads it into its buffer.
+      client::WriteSource src(b.fd, size);
+      return do_write(req, ino, src, off, fi, in);
+    }
   }
   thread_local std::vector<uint8_t> buf;
   buf.resize(size);

@@ -21,6 +21,10 @@ struct MountState {
   // ...and on write-only opens (MountSettings::direct_writes); op_init clears it where the
   // kernel would leave stale pages (fuse_ops.cc, kMinorDirectWriteDropsCache).
   bool direct_writes = false;
+  // Ask the kernel for SPLICE_READ (MountSettings::splice_writes): WRITE data then arrives in a pipe
+  // holding the writer's pages and is read from it into the write-behind buffer, one copy. op_init
+  // clears it where libfuse could not splice.
+  bool splice_writes = false;
   fuse_session* session = nullptr;  // for invalidation notices; set once the session exists
   LateReplies late_replies;
 };

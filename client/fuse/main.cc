@@ -186,6 +186,12 @@ int main(int argc, char** argv) {
                  "sent to penstock-meta in batches, under a lease on the directory's names (another mount's "
                  "first use of it waits up to the lease term); false: every create is a meta round trip")
       ->capture_default_str();
+  app.add_option("--splice-writes", s.splice_writes,
+                 "true: write data is spliced from /dev/fuse and read from the pipe into the write-behind "
+                 "buffer, one copy per byte fewer (needs a pipe of 2 MiB: CAP_SYS_RESOURCE or "
+                 "/proc/sys/fs/pipe-max-size), but every other request costs a splice more (creates 20% "
+                 "slower): for checkpoint mounts; false: every request is read whole into memory")
+      ->capture_default_str();
   app.add_option("--log-level", s.log_level, "debug, info, warn or error")
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}))
       ->capture_default_str();
@@ -223,7 +229,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("-o", option_lists,
                  "mount options: meta=HOST:PORT, threads=N, clone_fd, direct_io, direct_writes, "
-                 "[no_]create_behind, log_level=L, log_file=F, ro, "
+                 "[no_]create_behind, [no_]splice_writes, log_level=L, log_file=F, ro, "
                  "transport=auto|rdma|tcp, cache_size=S, readahead_max=S, dirty_limit=S, "
                  "kernel_readahead=S, sched=batch|normal, fuse_uring=auto|on|off; the "
                  "generic rw, defaults, nodev, nosuid, noatime, _netdev, allow_other, ... are accepted")
@@ -306,6 +312,7 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<penstock::client::Client> client = std::move(connected).value();
   penstock::fuse::MountState state{client.get(), s.direct_io, s.direct_writes};
+  state.splice_writes = s.splice_writes;
 
   // allow_other: every user of the host reaches the mount, and the kernel checks their permissions
   // (default_permissions). fusermount3 refuses it to an unprivileged user unless /etc/fuse.conf

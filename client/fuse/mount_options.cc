@@ -75,6 +75,9 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
     } else if (key == "create_behind" || key == "no_create_behind") {
       PENSTOCK_RETURN_IF_ERROR(no_value());
       s->create_behind = key == "create_behind";
+    } else if (key == "splice_writes" || key == "no_splice_writes") {
+      PENSTOCK_RETURN_IF_ERROR(no_value());
+      s->splice_writes = key == "splice_writes";
     } else if (key == "foreground") {
       PENSTOCK_RETURN_IF_ERROR(no_value());
       s->foreground = true;
@@ -130,7 +133,7 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
       for (std::string_view known : kIgnored) ignored = ignored || key == known;
       if (!ignored) {
         return bad("unknown mount option '" + std::string(opt) +
-                   "' (penstock options: meta=, threads=, clone_fd, direct_io, direct_writes, [no_]create_behind, log_level=, log_file=, ro, transport=, "
+                   "' (penstock options: meta=, threads=, clone_fd, direct_io, direct_writes, [no_]create_behind, [no_]splice_writes, log_level=, log_file=, ro, transport=, "
                    "cache_size=, readahead_max=, dirty_limit=, kernel_readahead=, sched=, fuse_uring=)");
       }
       if (key == "rw") s->read_only = false;

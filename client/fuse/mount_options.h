@@ -43,6 +43,13 @@ struct MountSettings {
   // use of such a directory waits up to the lease term (penstock-meta --dir-lease-ms, 250 ms) plus
   // 100 ms. Off ("no_create_behind"): every create is a meta round trip.
   bool create_behind = true;
+  // WRITE data is spliced from /dev/fuse (SPLICE_READ, when the kernel offers it and a pipe can
+  // hold a whole WRITE) and read from the pipe straight into the write-behind buffer: one copy per
+  // byte written fewer than reading /dev/fuse into libfuse's buffer and copying from there
+  // (ckpt-write 4-10 % less CPU per GiB, 2-6 % faster). Off by default because libfuse then
+  // splices every request, and a splice plus a read of the pipe made creates and unlinks 20 %
+  // slower (docs/performance.md, round 30): for mounts that mostly write checkpoints.
+  bool splice_writes = false;
   bool foreground = false;     // stay in the foreground (no daemonizing)
   bool read_only = false;      // mount read-only ("ro")
   // Mount flags handed to the kernel as given, in order (the last of a pair wins): noexec/exec,
@@ -77,7 +84,7 @@ struct MountSettings {
 };
 
 // Applies a comma-separated option list to `s`. Penstock options: meta=HOST:PORT, threads=N,
-// clone_fd, direct_io, direct_writes, create_behind, no_create_behind, log_level=LEVEL, log_file=PATH, foreground, ro, transport=auto|rdma|tcp,
+// clone_fd, direct_io, direct_writes, create_behind, no_create_behind, splice_writes, no_splice_writes, log_level=LEVEL, log_file=PATH, foreground, ro, transport=auto|rdma|tcp,
 // cache_size=SIZE, readahead_max=SIZE, dirty_limit=SIZE, kernel_readahead=SIZE (SIZE: bytes with
 // an optional K, M, G or T suffix, powers of 1024; kernel_readahead: whole KiB, at most 1G),
 // sched=batch|normal, fuse_uring=auto|on|off.

@@ -1389,7 +1389,7 @@ std::shared_ptr<Client::WbFile> Client::wb_find(InodeId ino) {
 void Client::wb_send_locked(InodeId ino, const std::shared_ptr<WbFile>& wf, std::unique_lock<std::mutex>& lock,
                             bool here) {
   if (wf->buf.empty()) return;
-  auto data = std::make_shared<std::vector<uint8_t>>(std::move(wf->buf));
+  auto data = std::make_shared<ByteBuffer>(std::move(wf->buf));
   wf->buf = {};
   const uint64_t off = wf->buf_offset;
   const uint64_t len = data->size();
@@ -1504,9 +1504,10 @@ Status Client::take_write_error(InodeId ino, WriteCursor* cursor) {
   return err.is_ok() ? err : err.with_context("write-behind of inode " + ino.to_string());
 }
 
-Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> bytes,
+Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, WriteSource& src,
                      WriteCursor* cursor) {
-  if (bytes.empty()) return Status::ok();
+  const size_t size = src.size();
+  if (size == 0) return Status::ok();
   cursor = usable(cursor);
   {
     // A new write makes any flush that started before it stale (see flush()).
@@ -1514,11 +1515,19 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
     ++files_[ino].seq;
   }
   // After shutdown() nothing is left behind: writes go out before they return.
+  Status taken = Status::ok();  // a descriptor source that failed part way
   if (budget_ == nullptr || layout.chunk_size == 0 || pool_->stopped()) {
+    std::span<const uint8_t> bytes = src.memory();
+    ByteBuffer copy;
+    if (bytes.size() != size) {
+      copy.resize(size);
+      PENSTOCK_RETURN_IF_ERROR(src.take(copy.data(), size));
+      bytes = copy;
+    }
     PENSTOCK_RETURN_IF_ERROR(write_now(ino, layout, offset, bytes));
-    cache_->invalidate_range(ino, offset, bytes.size());
+    cache_->invalidate_range(ino, offset, size);
   } else {
-    budget_->acquire(bytes.size());  // back-pressure: may wait for sends of any file
+    budget_->acquire(size);  // back-pressure: may wait for sends of any file
     std::shared_ptr<WbFile> wf;
     std::unique_lock<std::mutex> lock;
     for (;;) {
@@ -1537,7 +1546,7 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
     }
     if (Status err = wf->error->check(cursor, /*advance=*/false); !err.is_ok()) {
       lock.unlock();
-      budget_->release_buffered(bytes.size());
+      budget_->release_buffered(size);
       return err;
     }
     // While we are inside (also while waiting below with mu released) the record must stay in
@@ -1545,7 +1554,7 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
     ++wf->writers;
     const uint64_t unit = wb_unit(layout);
     size_t pos = 0;
-    while (pos < bytes.size()) {
+    while (pos < size) {
       const uint64_t off = offset + pos;
       if (!wf->buf.empty() &&
           (off != wf->buf_offset + wf->buf.size() || off / unit != wf->buf_offset / unit)) {
@@ -1567,21 +1576,29 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
         wf->buf.reserve(unit_end - off);
       }
       const uint64_t room = unit - (off % unit);
-      const size_t take = static_cast<size_t>(std::min<uint64_t>(room, bytes.size() - pos));
-      wf->buf.insert(wf->buf.end(), bytes.begin() + static_cast<ptrdiff_t>(pos),
-                     bytes.begin() + static_cast<ptrdiff_t>(pos + take));
+      const size_t take = static_cast<size_t>(std::min<uint64_t>(room, size - pos));
+      const size_t had = wf->buf.size();
+      wf->buf.resize(had + take);
+      taken = src.take(wf->buf.data() + had, take);
+      if (!taken.is_ok()) {
+        wf->buf.resize(had);
+        budget_->release_buffered(size - pos);
+        break;
+      }
       pos += take;
       if ((wf->buf_offset + wf->buf.size()) % unit == 0) wb_send_locked(ino, wf, lock);
     }
     --wf->writers;
     lock.unlock();
-    cache_->invalidate_range(ino, offset, bytes.size());
+    cache_->invalidate_range(ino, offset, size);
   }
+  const uint64_t written = taken.is_ok() ? size : src.taken();
   std::lock_guard<std::mutex> lock(files_mu_);
   FileState& fs = files_[ino];
-  fs.written_end = std::max(fs.written_end, offset + bytes.size());
+  if (written > 0) fs.written_end = std::max(fs.written_end, offset + written);
   fs.mtime_ns = std::max(fs.mtime_ns, now_ns());
   ++fs.seq;
+  if (!taken.is_ok()) return taken.with_context("write inode " + ino.to_string() + " at " + std::to_string(offset));
   return Status::ok();
 }
 

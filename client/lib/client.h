@@ -49,6 +49,7 @@
 #include "client/lib/reported_sizes.h"
 #include "client/lib/reply_slots.h"
 #include "client/lib/write_behind.h"
+#include "common/base/bytes.h"
 #include "common/base/result.h"
 #include "common/net/endpoint.h"
 #include "common/net/channel_factory.h"
@@ -268,6 +269,13 @@ class Client {
   // return. Either way this client's reads and size see them. `cursor` is the writing handle's
   // (write_cursor()); null, or one without a record: errors no handle reported yet.
   Status write(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> data,
+               WriteCursor* cursor = nullptr) {
+    WriteSource src(data);
+    return write(ino, layout, offset, src, cursor);
+  }
+  // As above, the bytes taken from `src` (all of them on success; on kIo from a descriptor source
+  // the bytes taken before it are written, and written_end covers them).
+  Status write(InodeId ino, const proto::Layout& layout, uint64_t offset, WriteSource& src,
                WriteCursor* cursor = nullptr);
   // A new handle's position in the file's write errors (WriteError: Linux errseq semantics). Keep
   // it for the handle's life and pass it to write, flush, fsync and release.
@@ -388,7 +396,7 @@ class Client {
     std::condition_variable cv;
     proto::Layout layout;                                 // guarded by mu
     uint64_t buf_offset = 0;                              // guarded by mu
-    std::vector<uint8_t> buf;                             // guarded by mu
+    ByteBuffer buf;                                       // guarded by mu
     std::vector<std::pair<uint64_t, uint64_t>> inflight;  // [begin, end) being sent; guarded by mu
     bool retired = false;                                 // removed from wb_files_; guarded by mu
     int writers = 0;  // write() calls inside (they may wait, releasing mu): never retired then

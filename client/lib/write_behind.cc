@@ -1,8 +1,35 @@
 #include "client/lib/write_behind.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
 
 namespace penstock::client {
+
+Status WriteSource::take(uint8_t* dst, size_t n) {
+  PENSTOCK_CHECK(taken_ + n <= size_);
+  if (fd_ < 0) {
+    std::memcpy(dst, mem_.data() + taken_, n);
+    taken_ += n;
+    return Status::ok();
+  }
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::read(fd_, dst + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      const std::string why = r < 0 ? std::strerror(errno) : "the pipe ended early";
+      return Status(Code::kIo, "reading write data from the kernel's pipe (" + std::to_string(taken_ + got) + " of " +
+                                   std::to_string(size_) + " bytes): " + why);
+    }
+    got += static_cast<size_t>(r);
+  }
+  taken_ += n;
+  return Status::ok();
+}
 
 void DirtyBudget::acquire(uint64_t n) {
   std::unique_lock<std::mutex> lock(mu_);

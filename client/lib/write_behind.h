@@ -1,8 +1,10 @@
 // Building blocks of the client's write-behind (Client::write): DirtyBudget, the bound on the bytes
 // a client holds that are not yet on the data servers (buffered or in flight), with back-pressure;
-// WriteError, a file's asynchronous write errors, reported to each open handle once; and
-// TaskPool, the few threads that send full buffers and read-ahead fetches while the caller goes on.
-// Thread-safety: every class here is safe to use from any number of threads.
+// WriteError, a file's asynchronous write errors, reported to each open handle once;
+// TaskPool, the few threads that send full buffers and read-ahead fetches while the caller goes on;
+// WriteSource, where one write's bytes come from.
+// Thread-safety: DirtyBudget, WriteError and TaskPool are safe to use from any number of threads;
+// a WriteSource belongs to the one write() that reads it.
 #pragma once
 
 #include <condition_variable>
@@ -11,12 +13,38 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
 #include "common/base/status.h"
 
 namespace penstock::client {
+
+// The bytes of one write: the caller's memory, or a descriptor read once, in order (the pipe a
+// FUSE WRITE was spliced into by the kernel, which put the writer's page-cache pages there by
+// reference: reading them straight into a write-behind buffer is the only copy the mount makes
+// before the socket's). take() hands out the next bytes.
+class WriteSource {
+ public:
+  explicit WriteSource(std::span<const uint8_t> mem) : mem_(mem), size_(mem.size()) {}
+  WriteSource(int fd, size_t size) : fd_(fd), size_(size) {}
+
+  size_t size() const { return size_; }
+  size_t taken() const { return taken_; }
+  // The memory, when the source is memory (empty for a descriptor).
+  std::span<const uint8_t> memory() const { return fd_ < 0 ? mem_ : std::span<const uint8_t>(); }
+  // Copies the next `n` bytes to `dst`. kIo when the descriptor fails or ends before them.
+  // REQUIRES: taken() + n <= size().
+  Status take(uint8_t* dst, size_t n);
+
+ private:
+  std::span<const uint8_t> mem_;
+  int fd_ = -1;
+  size_t size_ = 0;
+  size_t taken_ = 0;
+};
+
 
 class DirtyBudget {
  public:

@@ -535,6 +535,55 @@ TEST_F(MountTest, WriteOnlyOpensBypassThePageCacheWithDirectWrites) {
   EXPECT_FALSE(is_mount_point(direct));
 }
 
+// Write data spliced from /dev/fuse (-o splice_writes) wherever libfuse can grow its
+// pipe to a whole 1 MiB WRITE plus header (this test process can exactly when the mount can: same
+// user, same capabilities; tests/run-all raises /proc/sys/fs/pipe-max-size for it): the mount says
+// which way it reads write data, and both ways leave the same bytes, for aligned 1 MiB writes,
+// unaligned ones and small ones (libfuse reads a WRITE of less than a page and its header into
+// memory even when splicing).
+TEST_F(MountTest, WriteDataIsSplicedWhereAPipeHoldsAWholeWriteAndLandsExactEitherWay) {
+  Cluster cluster;
+  ASSERT_TRUE(cluster.up());
+  int fds[2];
+  ASSERT_EQ(pipe2(fds, O_CLOEXEC), 0);
+  const bool can_splice = fcntl(fds[0], F_SETPIPE_SZ, (1 << 20) + 4096) >= 0;
+  close(fds[0]);
+  close(fds[1]);
+  if (!can_splice) std::cout << "note: a pipe cannot hold a whole WRITE here; both mounts read write data" << std::endl;
+  // kernel_readahead set: the INIT log line (which names "splice") is answered before the mount detaches.
+  std::string spliced, copied, said_spliced, said_copied;
+  ASSERT_TRUE(mount_with_options(cluster, "splice-mnt", "splice_writes,kernel_readahead=1M", &spliced, &said_spliced));
+  ASSERT_TRUE(mount_with_options(cluster, "copy-mnt", "kernel_readahead=1M", &copied, &said_copied));
+  EXPECT_NE(said_spliced.find(can_splice ? "splice 1" : "not spliced: a pipe cannot grow"), std::string::npos)
+      << said_spliced;
+  EXPECT_NE(said_copied.find("splice 0"), std::string::npos) << said_copied;
+  constexpr size_t kLen = 9u << 20;
+  for (const std::string& mnt : {spliced, copied}) {
+    SCOPED_TRACE(mnt);
+    const std::string path = mnt + "/shard";
+    UniqueFd fd(open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644));
+    ASSERT_TRUE(fd.ok()) << errno_name(errno);
+    const std::string data = pattern(kLen, 0, 21);
+    // 1 MiB writes from offset 0, then the same bytes again 4097 bytes in (every WRITE unaligned),
+    // then a few small ones.
+    for (size_t off = 0; off < kLen; off += 1u << 20) {
+      ASSERT_TRUE(pwrite_all(fd.get(), std::string_view(data).substr(off, 1u << 20), static_cast<off_t>(off)));
+    }
+    for (size_t off = 4097; off + (1u << 20) <= kLen; off += 1u << 20) {
+      ASSERT_TRUE(pwrite_all(fd.get(), std::string_view(data).substr(off, 1u << 20), static_cast<off_t>(off)));
+    }
+    for (size_t off : {size_t{10}, size_t{5000}, kLen - 300}) {
+      ASSERT_TRUE(pwrite_all(fd.get(), std::string_view(data).substr(off, 200), static_cast<off_t>(off)));
+    }
+    ASSERT_EQ(close(fd.release()), 0) << errno_name(errno);
+    std::string back;
+    ASSERT_TRUE(read_file(path, &back));
+    EXPECT_TRUE(same_bytes(data, back));
+  }
+  unmount_and_reap(spliced);
+  unmount_and_reap(copied);
+}
+
 // The mount's counters from its virtual xattr user.penstock.stats ("name value" lines), read as
 // getfattr does: a size probe, then the value into a buffer of that size.
 std::map<std::string, uint64_t> mount_counters(const std::string& path) {

@@ -39,6 +39,16 @@ TEST(MountOptions, CreateBehindIsOnUnlessTurnedOff) {
   EXPECT_TRUE(s.create_behind);
 }
 
+TEST(MountOptions, SpliceWritesIsOffUnlessTurnedOn) {
+  MountSettings s;
+  EXPECT_FALSE(s.splice_writes);
+  ASSERT_TRUE(apply_mount_options("splice_writes", &s).is_ok());
+  EXPECT_TRUE(s.splice_writes);
+  ASSERT_TRUE(apply_mount_options("no_splice_writes", &s).is_ok());
+  EXPECT_FALSE(s.splice_writes);
+  EXPECT_FALSE(apply_mount_options("splice_writes=1", &s).is_ok());
+}
+
 // direct_writes only where the kernel drops cached pages on a direct write: FUSE 7.39 (Linux 6.6).
 TEST(MountOptions, DirectWritesNeedFuse739) {
   EXPECT_FALSE(direct_writes_supported(31));

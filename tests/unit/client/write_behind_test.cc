@@ -1,5 +1,9 @@
-// Write-behind accounting: the dirty bound with back-pressure, error surfacing, and the task pool.
+// Write-behind accounting: the dirty bound with back-pressure, error surfacing, the task pool, and
+// the sources a write's bytes are taken from.
 #include "client/lib/write_behind.h"
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -130,6 +134,42 @@ TEST(TaskPool, RunsEveryTaskAndStopDrainsTheQueue) {
     EXPECT_FALSE(pool.try_submit([&] { ++ran; }));  // refused, not run
     EXPECT_EQ(ran.load(), 101);
   }
+}
+
+TEST(WriteSource, MemoryIsTakenInOrder) {
+  const std::vector<uint8_t> bytes = {1, 2, 3, 4, 5, 6, 7};
+  WriteSource src{std::span<const uint8_t>(bytes)};
+  EXPECT_EQ(src.memory().size(), 7u);
+  uint8_t a[3] = {}, b[4] = {};
+  ASSERT_TRUE(src.take(a, 3).is_ok());
+  ASSERT_TRUE(src.take(b, 4).is_ok());
+  EXPECT_EQ(src.taken(), 7u);
+  EXPECT_EQ(std::vector<uint8_t>(a, a + 3), (std::vector<uint8_t>{1, 2, 3}));
+  EXPECT_EQ(std::vector<uint8_t>(b, b + 4), (std::vector<uint8_t>{4, 5, 6, 7}));
+}
+
+// The pipe a FUSE WRITE was spliced into: read in pieces, in order; one that ends before the
+// request's size is kIo naming how far it got.
+TEST(WriteSource, APipeIsReadInPiecesAndOneEndingEarlyIsAnIoError) {
+  int fds[2];
+  ASSERT_EQ(pipe2(fds, O_CLOEXEC), 0);
+  std::vector<uint8_t> sent(10000);
+  for (size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<uint8_t>(i * 7);
+  std::thread writer([&] {
+    EXPECT_EQ(write(fds[1], sent.data(), sent.size()), static_cast<ssize_t>(sent.size()));
+    close(fds[1]);
+  });
+  WriteSource src(fds[0], 12000);
+  EXPECT_TRUE(src.memory().empty());
+  std::vector<uint8_t> got(12000);
+  ASSERT_TRUE(src.take(got.data(), 6000).is_ok());
+  const Status st = src.take(got.data() + 6000, 6000);
+  writer.join();
+  close(fds[0]);
+  ASSERT_EQ(st.code(), Code::kIo);
+  EXPECT_NE(st.message().find("10000 of 12000 bytes"), std::string::npos) << st.message();
+  EXPECT_EQ(src.taken(), 6000u);  // only whole takes count
+  EXPECT_TRUE(std::equal(sent.begin(), sent.end(), got.begin()));
 }
 
 }  // namespace
