@@ -376,7 +376,7 @@ int main(int argc, char** argv) {
     PENSTOCK_LOG(Info) << "FUSE requests go through /dev/fuse: " << no_ring;
   }
   PENSTOCK_LOG(Info) << "mounted penstock:" << s.meta << " at " << mountpoint << " (threads " << s.threads
-                     << (s.clone_fd ? ", clone_fd" : "") << (s.direct_io ? ", direct_io" : "") << (state.direct_writes ? ", direct_writes" : "") << "; cache " << s.cache_size << " bytes, read-ahead up to "
+                     << (s.clone_fd ? ", clone_fd" : "") << (s.direct_io ? ", direct_io" : "") << (state.direct_writes ? ", direct_writes" : "") << (state.splice_writes ? ", splice_writes" : "") << "; cache " << s.cache_size << " bytes, read-ahead up to "
                      << s.readahead_max << " bytes per stream, write-behind up to " << s.dirty_limit
                      << " dirty bytes; creates behind directory leases " << (s.create_behind ? "on" : "off")
                      << "; scheduling policy " << s.sched << ")";
