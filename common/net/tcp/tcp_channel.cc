@@ -15,6 +15,11 @@
 // strand, and the call completes with kTimeout. A response
 // whose call is gone (timed out) has its bulk read into a scratch buffer and dropped. A response
 // that arrives while its own request is still being written is held until the write completed.
+// A server that stops in the middle of a frame (part of a header or message sent, the rest never)
+// leaves every later response on this socket behind that frame: once a call expired while the
+// reader waited inside a frame and no byte of it came for kStallGrace, the connection is closed,
+// so later calls get a fresh one instead of timing out one after another (as a Lustre import
+// reconnects after a timeout). A server that answers nothing at all keeps its connection.
 //
 // Inline send: a small request (kInlineSendMax) submitted while the connection is idle (connected,
 // nothing queued, no write in progress) is written by the calling thread itself (send_now.h) under
@@ -390,12 +395,27 @@ class Connection : public std::enable_shared_from_this<Connection> {
     co_await self->read_frames();
   }
 
+  // async_read's completion condition, reading everything (as transfer_all) and noting that a
+  // frame has begun and when its last bytes came, for the sweep.
+  auto noting_progress() {
+    return [this](const error_code& ec, std::size_t n) -> std::size_t {
+      if (n > 0) {
+        in_frame_ = true;
+        frame_progress_ = Clock::now();
+      }
+      return asio::transfer_all()(ec, n);
+    };
+  }
+
   asio::awaitable<void> read_frames() {
     std::array<uint8_t, proto::kFrameHeaderSize> hbuf{};
     std::string message;
     for (;;) {
       error_code ec;
-      co_await asio::async_read(socket_, asio::buffer(hbuf), asio::redirect_error(asio::use_awaitable, ec));
+      in_frame_ = false;
+      expired_in_frame_ = false;
+      co_await asio::async_read(socket_, asio::buffer(hbuf), noting_progress(),
+                                asio::redirect_error(asio::use_awaitable, ec));
       if (is_closed()) co_return;
       if (ec) {
         close_with(lost(ec));
@@ -412,7 +432,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       }
       message.resize(header->message_len);
       if (!message.empty()) {
-        co_await asio::async_read(socket_, asio::buffer(message.data(), message.size()),
+        co_await asio::async_read(socket_, asio::buffer(message.data(), message.size()), noting_progress(),
                                   asio::redirect_error(asio::use_awaitable, ec));
         if (is_closed()) co_return;
         if (ec) {
@@ -446,7 +466,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         co_return;
       }
       if (!target.empty()) {
-        co_await asio::async_read(socket_, asio::buffer(target.data(), target.size()),
+        co_await asio::async_read(socket_, asio::buffer(target.data(), target.size()), noting_progress(),
                                   asio::redirect_error(asio::use_awaitable, ec));
         if (is_closed()) co_return;  // close_with() completed the call after the read was aborted
         if (ec) {
@@ -459,7 +479,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         uint32_t left = bulk_len;
         while (left > 0) {
           size_t n = std::min<size_t>(left, kScratchBytes);
-          co_await asio::async_read(socket_, asio::buffer(scratch_.get(), n),
+          co_await asio::async_read(socket_, asio::buffer(scratch_.get(), n), noting_progress(),
                                     asio::redirect_error(asio::use_awaitable, ec));
           if (is_closed()) co_return;
           if (ec) {
@@ -536,7 +556,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     expired_.clear();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (pending_.empty()) {
+      if (pending_.empty() && !expired_in_frame_) {
         drop_unsent_expired_locked();
         sweeping_ = sweep_armed_ = false;
         earliest_deadline_ = Clock::time_point::max();
@@ -565,10 +585,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
         drop_unsent_expired_locked();
       }
     }
+    if (!expired_.empty() && in_frame_) expired_in_frame_ = true;
     for (auto& done : expired_) done(waiting_refused_ ? refused_status() : timed_out());
     expired_.clear();
     if (stuck) {
       close_with(Status(Code::kUnavailable, "connection to " + address_ + " stalled past a call deadline"));
+      return;
+    }
+    if (expired_in_frame_ && in_frame_ && now - frame_progress_ >= kStallGrace) {
+      PENSTOCK_LOG(Warn) << address_ << " stopped sending in the middle of a response for "
+                         << std::chrono::duration_cast<std::chrono::milliseconds>(now - frame_progress_).count()
+                         << " ms while calls timed out; closing the connection, later calls use a new one";
+      close_with(Status(Code::kUnavailable, "connection to " + address_ + " stalled in the middle of a response"));
       return;
     }
     arm_sweep();
@@ -665,6 +693,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<asio::const_buffer> buffers_;
   std::vector<CallCallback> expired_;
   std::unique_ptr<uint8_t[]> scratch_;
+  // The reader is inside a frame (some of it arrived), frame_progress_ is when its last bytes
+  // came, and expired_in_frame_ says a call timed out meanwhile. Strand-only: the reader's
+  // completion conditions and the sweep both run on the strand.
+  bool in_frame_ = false;
+  bool expired_in_frame_ = false;
+  Clock::time_point frame_progress_{};
 };
 
 class TcpChannel : public Channel {

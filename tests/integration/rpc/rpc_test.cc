@@ -11,6 +11,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -910,6 +911,21 @@ TEST(RpcChannelTest, ConnectTimeoutWhenTheListenerNeverAnswers) {
   }
 }
 
+// Reads one whole request frame from a fake server's socket; its header, or nothing when the
+// socket closed or the bytes are not a frame.
+std::optional<proto::FrameHeader> read_request_frame(tcp::socket& s) {
+  boost::system::error_code ec;
+  std::array<uint8_t, proto::kFrameHeaderSize> hb{};
+  asio::read(s, asio::buffer(hb), ec);
+  if (ec) return std::nullopt;
+  auto h = proto::decode_header(hb);
+  if (!h.has_value()) return std::nullopt;
+  std::vector<uint8_t> rest(static_cast<size_t>(h->message_len) + h->bulk_len);
+  asio::read(s, asio::buffer(rest), ec);
+  if (ec) return std::nullopt;
+  return *h;
+}
+
 // A fake server on a raw socket: accepts one connection, reads one request frame and answers with
 // whatever `respond` writes. Lets the client be tested against misbehaving servers.
 class FakeServer {
@@ -924,14 +940,8 @@ class FakeServer {
       tcp::socket s(io_);
       acceptor_.accept(s, ec);
       if (ec) return;
-      std::array<uint8_t, proto::kFrameHeaderSize> hb{};
-      asio::read(s, asio::buffer(hb), ec);
-      if (ec) return;
-      auto h = proto::decode_header(hb);
+      auto h = read_request_frame(s);
       if (!h.has_value()) return;
-      std::vector<uint8_t> rest(static_cast<size_t>(h->message_len) + h->bulk_len);
-      asio::read(s, asio::buffer(rest), ec);
-      if (ec) return;
       respond_(s, *h);
       // Hold the connection until the client closes it.
       uint8_t b;
@@ -1101,6 +1111,113 @@ TEST(RpcChannelTest, ServerStallingMidBulkTimesOutAndFreesTheBuffer) {
       EXPECT_EQ((*in)[0], '0');
     }
     in.reset();  // the aborted read must not touch it any more (AddressSanitizer checks)
+    channel.reset();
+  }
+}
+
+// A fake server that accepts any number of connections. On the first it answers the first
+// request with only the first `stall_after` bytes of a proper response frame and then sends nothing
+// more, keeping the socket open; every later connection gets each of its requests echoed.
+class StallingFirstConnectionServer {
+ public:
+  explicit StallingFirstConnectionServer(size_t stall_after)
+      : acceptor_(io_, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)), stall_after_(stall_after) {
+    port_ = acceptor_.local_endpoint().port();
+    accept_thread_ = std::thread([this] {
+      for (;;) {
+        auto s = std::make_shared<tcp::socket>(io_);
+        boost::system::error_code ec;
+        acceptor_.accept(*s, ec);
+        if (ec) return;
+        const int n = accepted_.fetch_add(1) + 1;
+        std::lock_guard<std::mutex> lock(mu_);
+        sockets_.push_back(s);
+        threads_.emplace_back([this, s, n] { serve(*s, n == 1); });
+      }
+    });
+  }
+  ~StallingFirstConnectionServer() {
+    ::shutdown(acceptor_.native_handle(), SHUT_RDWR);  // wakes a blocked accept (close would not)
+    accept_thread_.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& s : sockets_) ::shutdown(s->native_handle(), SHUT_RDWR);  // wakes the readers
+    for (auto& t : threads_) t.join();
+  }
+  uint16_t port() const { return port_; }
+  int accepted() const { return accepted_.load(); }
+
+ private:
+  void serve(tcp::socket& s, bool stall) {
+    for (;;) {
+      auto h = read_request_frame(s);
+      if (!h.has_value()) return;
+      boost::system::error_code ec;
+      proto::FrameHeader r;
+      r.kind = proto::FrameKind::kResponse;
+      r.service = ServiceId::kData;
+      r.method = Echo::kId;
+      r.request_id = h->request_id;
+      const std::string msg = proto::encode(EchoResp{"hi", 0});
+      r.message_len = static_cast<uint32_t>(msg.size());
+      auto rb = proto::encode_header(r);
+      std::vector<uint8_t> frame(rb.begin(), rb.end());
+      frame.insert(frame.end(), msg.begin(), msg.end());
+      if (stall) {
+        asio::write(s, asio::buffer(frame.data(), std::min(stall_after_, frame.size())), ec);
+        // ...and the rest never comes; read (and ignore) whatever the client sends until it closes.
+        std::vector<uint8_t> sink(4096);
+        while (!ec) s.read_some(asio::buffer(sink), ec);
+        return;
+      }
+      asio::write(s, asio::buffer(frame), ec);
+      if (ec) return;
+    }
+  }
+
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  const size_t stall_after_;
+  uint16_t port_ = 0;
+  std::atomic<int> accepted_{0};
+  std::thread accept_thread_;
+  std::mutex mu_;
+  std::vector<std::shared_ptr<tcp::socket>> sockets_;  // guarded by mu_
+  std::vector<std::thread> threads_;                   // guarded by mu_
+};
+
+// A server that stops in the middle of a response frame (within the header, or within the
+// message) on the shared connection: the calls behind it time out, and then the connection is
+// given up, so later calls get a new one and succeed instead of timing out one after another.
+TEST(RpcChannelTest, AServerStoppingMidFrameHasItsSharedConnectionReplaced) {
+  for (size_t stall_after : {size_t{5}, proto::kFrameHeaderSize + 3}) {
+    SCOPED_TRACE("stops after " + std::to_string(stall_after) + " bytes of the response");
+    StallingFirstConnectionServer server(stall_after);
+    net::IoRuntime runtime(1);
+    auto channel = net::make_tcp_channel(runtime, net::Endpoint{"127.0.0.1", server.port()},
+                                         tcp_options(1000ms, CallPath::kShared));
+    rpc::RpcClient client(channel, 3s);
+    rpc::CallOptions opts;
+    opts.timeout = 300ms;
+    auto first = client.call<Echo>(EchoReq{}, opts);
+    ASSERT_FALSE(first.has_value());
+    EXPECT_EQ(first.error().code(), Code::kTimeout) << first.error().to_string();
+    const auto t0 = std::chrono::steady_clock::now();
+    Result<EchoResp> later = Status(Code::kTimeout, "no call made");
+    int calls = 0;
+    while (!later.has_value() && std::chrono::steady_clock::now() - t0 < 8s) {
+      later = client.call<Echo>(EchoReq{}, opts);
+      ++calls;
+      if (!later.has_value()) {
+        EXPECT_TRUE(later.error().code() == Code::kTimeout || later.error().code() == Code::kUnavailable)
+            << later.error().to_string();
+      }
+    }
+    const auto took = std::chrono::steady_clock::now() - t0;
+    ASSERT_TRUE(later.has_value()) << "after " << calls << " calls: " << later.error().to_string();
+    EXPECT_EQ(later->text, "hi");
+    EXPECT_EQ(server.accepted(), 2);
+    // The connection goes once a call timed out and the frame made no progress for the 1 s grace.
+    EXPECT_LT(took, 4s) << calls << " calls";
     channel.reset();
   }
 }
