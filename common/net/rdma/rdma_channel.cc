@@ -157,7 +157,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
                       rdma::ConnectParams* peer) {
     bool timed_out = false;
     std::string err;
-    rdma_cm_event* ev = rdma::wait_cm_event(ec_, deadline, &timed_out, &err);
+    rdma_cm_event* ev = wait_connect_event(deadline, &timed_out, &err);
     if (ev == nullptr) {
       return fail_connect(timed_out ? "timed out after " +
                                           std::to_string(options_.connect_timeout.count()) + " ms"
@@ -186,6 +186,45 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     rdma_ack_cm_event(ev);
     return result;
+  }
+
+  // Like rdma::wait_cm_event, for the connect: while it waits, calls queued meanwhile whose
+  // deadline passes are answered (kTimeout) at once rather than when the connect ends, which may
+  // take the whole connect timeout; a destroyed channel ends the wait.
+  rdma_cm_event* wait_connect_event(Clock::time_point deadline, bool* timed_out, std::string* err) {
+    *timed_out = false;
+    std::vector<Completion> done;
+    for (;;) {
+      rdma_cm_event* ev = nullptr;
+      if (rdma_get_cm_event(ec_, &ev) == 0) return ev;
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        *err = rdma::errno_text(errno);
+        return nullptr;
+      }
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        *timed_out = true;
+        return nullptr;
+      }
+      expire_queued(now, done);
+      run_callbacks(done);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (shutdown_) {
+          *err = "the channel was destroyed while connecting";
+          return nullptr;
+        }
+      }
+      const auto until = std::min(deadline, earliest_queued_deadline());
+      const auto ms = std::chrono::ceil<std::chrono::milliseconds>(until - now).count();
+      pollfd fds[2] = {{ec_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+      ::poll(fds, 2, static_cast<int>(std::clamp<int64_t>(ms, 1, 1000)));
+      if (fds[1].revents & POLLIN) {
+        uint64_t v;
+        ssize_t n = read(wake_fd_, &v, sizeof(v));
+        (void)n;
+      }
+    }
   }
 
   Status connect() {
@@ -519,17 +558,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void sweep(std::vector<Completion>& done) {
     if (is_closed()) return;
     const auto now = Clock::now();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (auto it = queue_.begin(); it != queue_.end();) {
-        if (now >= it->call.deadline) {
-          done.emplace_back(std::move(it->done), timed_out());
-          it = queue_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
+    expire_queued(now, done);
     bool stuck = false;
     for (Slot& slot : slots_) {
       if (!slot.busy || now < slot.deadline) continue;
@@ -548,12 +577,28 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
   }
 
-  int next_timeout_ms() {
-    auto earliest = Clock::time_point::max();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (const auto& q : queue_) earliest = std::min(earliest, q.call.deadline);
+  // Answers (kTimeout) the queued calls whose deadline passed.
+  void expire_queued(Clock::time_point now, std::vector<Completion>& done) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (now >= it->call.deadline) {
+        done.emplace_back(std::move(it->done), timed_out());
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
     }
+  }
+
+  Clock::time_point earliest_queued_deadline() {
+    auto earliest = Clock::time_point::max();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& q : queue_) earliest = std::min(earliest, q.call.deadline);
+    return earliest;
+  }
+
+  int next_timeout_ms() {
+    auto earliest = earliest_queued_deadline();
     for (const Slot& slot : slots_) {
       if (!slot.busy) continue;
       earliest = std::min(earliest, slot.zombie ? slot.deadline + kZombieGrace : slot.deadline);

@@ -636,6 +636,56 @@ TEST(RdmaControlTest, DescriptorLiesAndBadKeysCloseTheConnectionServerStaysUp) {
   EXPECT_EQ(r->text, "alive");
 }
 
+// An RDMA listener that takes connection requests and never answers them (a hung server): a
+// client's connect waits for its whole connect timeout.
+class SilentRdmaListener {
+ public:
+  SilentRdmaListener() {
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    if (inet_pton(AF_INET, rdma_host().c_str(), &sa.sin_addr) != 1) return;
+    ec_ = rdma_create_event_channel();
+    if (ec_ == nullptr || rdma_create_id(ec_, &id_, nullptr, RDMA_PS_TCP) != 0) return;
+    if (rdma_bind_addr(id_, reinterpret_cast<sockaddr*>(&sa)) != 0 || rdma_listen(id_, 8) != 0) return;
+    port_ = ntohs(rdma_get_src_port(id_));
+  }
+  ~SilentRdmaListener() {
+    if (id_ != nullptr) rdma_destroy_id(id_);
+    if (ec_ != nullptr) rdma_destroy_event_channel(ec_);
+  }
+  uint16_t port() const { return port_; }  // 0: could not listen
+
+ private:
+  rdma_event_channel* ec_ = nullptr;
+  rdma_cm_id* id_ = nullptr;
+  uint16_t port_ = 0;
+};
+
+// A call made while its connection is still being set up fails at its own deadline, not when the
+// connect gives up (3 s here), and a channel destroyed meanwhile does not wait for the connect.
+TEST(RdmaConnectTest, ACallWaitingForTheConnectEndsAtItsDeadline) {
+  SKIP_WITHOUT_DEVICE(net::TransportKind::kRdma);
+  SilentRdmaListener listener;
+  ASSERT_NE(listener.port(), 0) << "cannot listen on rdma " << rdma_host();
+  net::RdmaOptions o;
+  o.connect_timeout = 3000ms;
+  auto channel = net::make_rdma_channel(net::Endpoint{rdma_host(), listener.port()}, o);
+  auto client = std::make_unique<rpc::RpcClient>(channel, 10s);
+  rpc::CallOptions opts;
+  opts.timeout = 300ms;
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = client->call<Echo>(EchoReq{"x", false, 0}, opts);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), Code::kTimeout) << r.error().to_string();
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 1500ms) << r.error().to_string();
+  t0 = std::chrono::steady_clock::now();
+  client.reset();
+  channel.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1000ms) << "destroying the channel waited for the connect";
+}
+
 // Destructive (deletes the RDMA device), so it runs only when asked: tests/rdma-vm/guest-tests.sh
 // runs it last, in the VM. Calls in flight when the device goes fail with a clear error (the
 // device-removal event, or the queue pair's flush), later calls fail fast, and neither the
