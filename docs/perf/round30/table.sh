@@ -1,20 +1,3 @@
 #!/bin/bash
-# Round 30: #3's table at the default sizes with this round's build, one fresh cluster (3 data
-# servers, release build), the mount on /dev/fuse (enable_uring N), as round 28's table-final.sh.
-cd /work/main
-B=build-perf/tools/bench/penstock-bench; L=/var/tmp/bench-local; M=/var/tmp/m30; O=docs/perf/round30
-S=/var/tmp/st30
-rm -rf $S $L; mkdir -p $L
-[ "$(cat /sys/module/fuse/parameters/enable_uring)" = N ] || { echo "enable_uring is not N"; exit 1; }
-PENSTOCK_BUILD=build-perf deploy/local-cluster up --state $S --mount $M > $O/up.log 2>&1 || { echo up failed; exit 1; }
-echo "Round 30, build $(git rev-parse --short HEAD): penstock-bench compare WORKLOAD $L $M --runs 3 [--drop-caches for the read workloads] --plot WORKLOAD.svg, every workload at its default sizes; one cluster (3 data servers, release build), mount $M on /dev/fuse." > $O/table.txt
-for w in meta train-small ckpt-write ckpt-restore restore-fanout train-seq train-rand mixed accel; do
-  extra=""
-  case $w in train-small|ckpt-restore|restore-fanout|train-seq|train-rand) extra="--drop-caches";; esac
-  bash docs/perf/round27/quiet.sh  # waits until the disk has been quiet 3 s
-  echo "===== $w  ($(date -u +%H:%M:%S))" >> $O/table.txt
-  timeout 900 $B compare $w $L $M --runs 3 $extra --plot $O/$w.svg >> $O/table.txt 2>&1
-done
-echo "===== done $(date -u +%H:%M:%S)" >> $O/table.txt
-PENSTOCK_BUILD=build-perf deploy/local-cluster down --state $S >> $O/up.log 2>&1
-rm -rf $S $L
+# Round 30: #3's table at the default sizes with this round's build (docs/perf/table.sh says how).
+exec "$(dirname "$0")/../table.sh" 30
