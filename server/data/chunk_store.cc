@@ -603,10 +603,14 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
     encode_table_entry(TableEntry{sum, previous}, new_table.data() + (b - first_b) * kTableEntrySize);
   }
 
-  // Reserve the data blocks first: ENOSPC arrives here, before any byte of the chunk changed.
+  // Reserve the data blocks first: ENOSPC arrives here, before any byte of the chunk changed. A
+  // chunk's first write at offset 0 had its blocks reserved with the header (create_chunk).
   const uint64_t alloc_start = c.header().data_offset + off / kB * kB;
   const uint64_t alloc_end = c.header().data_offset + (end + kB - 1) / kB * kB;
-  st = reserve(fd, FALLOC_FL_KEEP_SIZE, alloc_start, alloc_end - alloc_start, "reserving space in " + path);
+  const bool reserved_at_create = created && off == 0;
+  if (!reserved_at_create) {
+    st = reserve(fd, FALLOC_FL_KEEP_SIZE, alloc_start, alloc_end - alloc_start, "reserving space in " + path);
+  }
   if (!st.is_ok()) {
     // Give back what a partial reservation took past the end of the file (KEEP_SIZE leaves the
     // file's bytes as they were; this only returns blocks no byte of the chunk lives in).
