@@ -2,10 +2,10 @@
 // that I/O fills right after sizing them (request messages and reply bulk in the RPC server,
 // chunk reads):
 // zero-filling a 1 MiB buffer that a read() overwrites at once cost ~5 % of a data server's CPU.
+// Its storage of 64 KiB or more starts on a page boundary, so a received write payload goes to an
+// O_DIRECT descriptor as it is, and an O_DIRECT read lands in a reply's bulk without a bounce copy.
 // Everything else about it is std::vector (value-initialization with an explicit value, e.g.
-// assign(n, 0) or resize(n, 0), still writes that value). AlignedByteBuffer is the same with
-// storage of 64 KiB or more starting on a page boundary: a received request's bulk (RPC server),
-// so a write payload can go to an O_DIRECT descriptor as it is.
+// assign(n, 0) or resize(n, 0), still writes that value).
 // Thread-safety: as std::vector.
 #pragma once
 
@@ -45,8 +45,6 @@ struct DefaultInitAllocator : std::allocator<T> {
   }
 };
 
-using ByteBuffer = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
-
 // DefaultInitAllocator whose storage of kAlignFrom bytes or more is page-aligned. Aligned by hand
 // over malloc (4 KiB more per buffer, at most 6 %), not with aligned operator new: glibc served
 // 4 MiB write payloads aligned that way with fresh mmaps, and their page faults took 10 % of the
@@ -79,7 +77,7 @@ struct PageAlignedAllocator : DefaultInitAllocator<T> {
   }
 };
 
-using AlignedByteBuffer = std::vector<uint8_t, PageAlignedAllocator<uint8_t>>;
+using ByteBuffer = std::vector<uint8_t, PageAlignedAllocator<uint8_t>>;
 
 // The bytes of a string (an encoded message, a string field that carries another message), as the
 // codec and the transports take them.

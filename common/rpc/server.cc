@@ -229,7 +229,7 @@ class ServerConnection : public std::enable_shared_from_this<ServerConnection> {
   struct Incoming {
     proto::FrameHeader header;
     ByteBuffer message;
-    AlignedByteBuffer bulk;  // page-aligned: a write payload goes to O_DIRECT as it is (chunk_store.cc)
+    ByteBuffer bulk;  // page-aligned: a write payload goes to O_DIRECT as it is (chunk_store.cc)
     uint64_t reply_reserved = 0;  // counted in flight for its response since it was read
   };
 

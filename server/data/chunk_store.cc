@@ -172,6 +172,7 @@ struct ChunkStore::ChunkFile {
   Fd fd;
   Fd direct;
   ChunkHeader header;
+  bool readahead_off = false;  // on `fd` (ready_direct_reads)
 };
 
 namespace {
@@ -236,9 +237,12 @@ void start_cold_read(int fd, uint32_t chunk_size, uint64_t offset, uint64_t leng
 
 // Opens an existing chunk and validates its header. kNotFound when there is none: a missing file,
 // or one whose header was never written (a crash between create and the first fsync). `cold`,
-// when given, is the read that opens it (start_cold_read).
+// when given, is the read that opens it (start_cold_read); when the chunk is at least `direct_from`
+// bytes long (0: never), its data will be read with O_DIRECT, so only the header and the checksum
+// table are read ahead. *size_out: the file's size.
 Result<std::shared_ptr<ChunkFile>> open_chunk_file(const Target& t, InodeId ino, uint64_t index,
-                                                   const ChunkStore::ReadRange* cold = nullptr) {
+                                                   const ChunkStore::ReadRange* cold, uint64_t direct_from,
+                                                   uint64_t* size_out) {
   std::string path = t.chunk_path(ino, index);
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
@@ -247,10 +251,18 @@ Result<std::shared_ptr<ChunkFile>> open_chunk_file(const Target& t, InodeId ino,
   }
   auto file = std::make_shared<ChunkFile>();
   file->fd.reset(fd);
-  if (cold != nullptr) start_cold_read(fd, cold->chunk_size, cold->offset, cold->length);
   struct stat st {};
   if (::fstat(fd, &st) != 0) return errno_error(errno, "cannot stat " + path);
   uint64_t size = static_cast<uint64_t>(st.st_size);
+  *size_out = size;
+  if (cold != nullptr) {
+    const uint64_t data_offset = make_chunk_header(0, 0, cold->chunk_size).data_offset;
+    if (direct_from > 0 && size >= data_offset + direct_from) {
+      ::readahead(fd, 0, data_offset);  // the header and the whole table
+    } else {
+      start_cold_read(fd, cold->chunk_size, cold->offset, cold->length);
+    }
+  }
   std::vector<uint8_t> hdr(kChunkHeaderSize, 0);
   if (size < kChunkHeaderSize) {
     if (size == 0) return Status(Code::kNotFound, chunk_name(ino, index) + " was never written");
@@ -391,9 +403,18 @@ bool probe_direct(const std::string& dir, std::string* why) {
 
 std::string ChunkStoreOptions::describe_io() const {
   if (!any_direct()) return "the page cache for all chunk data";
-  std::string mode = direct_io ? "O_DIRECT for all chunk data"
-                               : "O_DIRECT for writes of " + std::to_string(direct_write_min) +
-                                     " bytes or more, the page cache for smaller writes and all reads";
+  std::string mode;
+  if (direct_io) {
+    mode = "O_DIRECT for all chunk data";
+  } else {
+    mode = "O_DIRECT for ";
+    if (direct_write_min > 0) mode += "writes of " + std::to_string(direct_write_min) + " bytes or more";
+    if (direct_write_min > 0 && direct_read_min > 0) mode += " and for ";
+    if (direct_read_min > 0) {
+      mode += "reads of chunks of " + std::to_string(direct_read_min) + " bytes or more not in the page cache";
+    }
+    mode += ", the page cache for the rest";
+  }
   if (write_piece_while_reading > 0) {
     mode += "; while reads run, direct writes go in pieces of " + std::to_string(write_piece_while_reading) + " bytes";
   }
@@ -417,10 +438,18 @@ ChunkStore::ChunkStore(std::shared_ptr<Target> target, ChunkStoreOptions options
 
 ChunkStore::~ChunkStore() = default;
 
-bool ChunkStore::reads_direct(const ChunkFile& file) const {
-  // Under direct_write_min alone a file may hold an O_DIRECT descriptor for its large writes; its
-  // reads still come from the page cache (and may be spliced).
-  return options_.direct_io && file.direct.get() >= 0;
+bool ChunkStore::wants_direct_reads(uint64_t chunk_length) const {
+  return options_.direct_read_min > 0 && chunk_length >= options_.direct_read_min;
+}
+
+bool ChunkStore::reads_direct(const ChunkFile& file, uint64_t chunk_length, uint64_t file_offset,
+                              uint64_t length) const {
+  // A file may hold an O_DIRECT descriptor for its large writes alone (direct_write_min); a short
+  // chunk's reads, and cached ranges of a long one, still come from the page cache (and may be
+  // spliced).
+  if (file.direct.get() < 0) return false;
+  if (options_.direct_io) return true;
+  return wants_direct_reads(chunk_length) && !range_cached(file.fd.get(), file_offset, length);
 }
 
 void ChunkStore::open_direct(ChunkFile& file, const std::string& path) {
@@ -449,11 +478,26 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::acquire(InodeId ino, uint64_t chu
       return it->second.file;
     }
   }
-  PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file, open_chunk_file(*target_, ino, chunk_index, cold));
+  uint64_t size = 0;
+  const uint64_t direct_from = options_.direct_io ? 1 : options_.direct_read_min;
+  PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file,
+                            open_chunk_file(*target_, ino, chunk_index, cold, direct_from, &size));
   if (read_started != nullptr) *read_started = cold != nullptr;
-  if (options_.direct_io) open_direct(*file, target_->chunk_path(ino, chunk_index));
+  if (options_.direct_io || wants_direct_reads(size - std::min<uint64_t>(size, file->header.data_offset))) {
+    ready_direct_reads(*file, target_->chunk_path(ino, chunk_index));
+  }
   remember(ino, chunk_index, file);
   return file;
+}
+
+void ChunkStore::ready_direct_reads(ChunkFile& file, const std::string& path) {
+  open_direct(file, path);
+  // The buffered descriptor then reads only the header, the table and a partial last block: no
+  // read-ahead, which would pull in data the O_DIRECT one reads again.
+  if (file.direct.get() >= 0 && !file.readahead_off) {
+    ::posix_fadvise(file.fd.get(), 0, 0, POSIX_FADV_RANDOM);
+    file.readahead_off = true;
+  }
 }
 
 void ChunkStore::remember(InodeId ino, uint64_t chunk_index, std::shared_ptr<ChunkFile> file) {
@@ -522,12 +566,16 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
   }
   if (!file.has_value()) return file.error();
   const std::string path = target_->chunk_path(ino, chunk_index);
-  // Under the exclusive chunk lock: no reader of this chunk looks at the descriptors meanwhile.
   const bool direct_write =
       options_.direct_io || (options_.direct_write_min > 0 && data.size() >= options_.direct_write_min);
-  if (direct_write) open_direct(**file, path);
   PENSTOCK_ASSIGN_OR_RETURN(OpenChunk c, with_length(*target_, ino, chunk_index, *file));
   PENSTOCK_RETURN_IF_ERROR(check_chunk_size(c, ino, chunk_index, chunk_size));
+  // Under the exclusive chunk lock: no reader of this chunk looks at the descriptors meanwhile. A
+  // chunk this write makes long enough gets the descriptor its later reads use.
+  if (direct_write) open_direct(*c.file, path);
+  if (options_.direct_io || wants_direct_reads(std::max<uint64_t>(c.length, uint64_t{offset} + data.size()))) {
+    ready_direct_reads(*c.file, path);
+  }
   const int fd = c.fd();
 
   const uint64_t cur_len = c.length;
@@ -641,7 +689,7 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
     const uint64_t content_end = std::min(round_down(end - 1) + kB, new_len);
     const uint64_t direct_end = std::max(a, round_down(content_end));
     // A write that starts on a block and needs no bytes after its end is those blocks as they are:
-    // from an aligned buffer (the RPC server's AlignedByteBuffer) it goes to O_DIRECT without the copy.
+    // from an aligned buffer (the RPC server's ByteBuffer) it goes to O_DIRECT without the copy.
     const bool as_is = off == a && content_end == end &&
                        reinterpret_cast<uintptr_t>(data.data()) % kDataAlignment == 0;
     std::span<const uint8_t> buf = data;
@@ -697,10 +745,10 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
 }
 
 void ChunkStore::end_if_cached(RecentReads::Scope& reading, const ChunkFile& file, uint64_t file_offset,
-                               uint64_t length, bool opened_cold) {
+                               uint64_t length, bool opened_cold, bool direct) {
   // A cold open has already asked for the range (start_cold_read), and pages being read in look
   // cached to cachestat: that read waits for the disk whatever it says.
-  if (opened_cold || reads_direct(file)) return;
+  if (opened_cold || direct) return;
   if (range_cached(file.fd.get(), file_offset, length)) reading.cancel();
 }
 
@@ -714,9 +762,9 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::open_for_read(InodeId ino, uint64
     return Status(Code::kInvalid, "read [" + std::to_string(offset) + ", +" + std::to_string(length) +
                                       ") does not fit a chunk of " + std::to_string(chunk_size) + " bytes");
   }
-  // Under --direct-io the data bypasses the page cache: reading it ahead would read it twice.
+  // A chunk whose data is read with O_DIRECT gets only its table read ahead (open_chunk_file).
   const ReadRange range{chunk_size, offset, length};
-  auto file = acquire(ino, chunk_index, options_.direct_io ? nullptr : &range, read_started);
+  auto file = acquire(ino, chunk_index, &range, read_started);
   if (!file.has_value()) {
     if (file.error().code() == Code::kNotFound) return std::shared_ptr<ChunkFile>();
     return file.error();
@@ -750,19 +798,16 @@ Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(Inode
     return std::optional<UnreadRange>(std::move(r));  // a hole
   }
   // The receiver can verify only whole blocks; O_DIRECT data is not in the page cache to send.
-  if (reads_direct(*file) || offset % kB != 0) {
-    nothing_read();
-    return std::optional<UnreadRange>();
-  }
   const uint64_t n = std::min<uint64_t>(length, chunk_len - offset);
-  if ((offset + n) % kB != 0 && offset + n != chunk_len) {
+  if (offset % kB != 0 || ((offset + n) % kB != 0 && offset + n != chunk_len) ||
+      reads_direct(*file, chunk_len, file->header.data_offset + offset, n)) {
     nothing_read();
     return std::optional<UnreadRange>();
   }
   const OpenChunk c{file, chunk_len};
   const uint64_t first_b = offset / kB;
   const uint64_t nb = (n + kB - 1) / kB;
-  end_if_cached(reading, *file, c.header().data_offset + offset, n, read_started);
+  end_if_cached(reading, *file, c.header().data_offset + offset, n, read_started, false);
   // Start reading the bytes from disk now, so a cold read waits for the table and the data at
   // once rather than one after the other (the splice comes later); a no-op when they are cached,
   // and already done when this read opened the file.
@@ -810,15 +855,23 @@ Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t ch
   const uint64_t nb = last_b - first_b + 1;
   const uint64_t span_start = first_b * kB;
   const uint64_t span_end = std::min(last_b * kB + kB, c.length);
-  end_if_cached(reading, *c.file, c.header().data_offset + span_start, span_end - span_start, read_started);
+  const bool direct = reads_direct(*c.file, c.length, c.header().data_offset + span_start, span_end - span_start);
+  end_if_cached(reading, *c.file, c.header().data_offset + span_start, span_end - span_start, read_started, direct);
   std::vector<uint8_t> table(nb * kTableEntrySize);
   std::span<uint8_t> body = out.first(n);
 
-  if (reads_direct(*c.file)) {
-    // O_DIRECT: whole blocks into the aligned buffer, a partial last block of the chunk through the
-    // buffered descriptor (an aligned read would stop short at the end of the file), verify, copy.
+  if (direct) {
+    // O_DIRECT: whole blocks into an aligned buffer, a partial last block of the chunk through the
+    // buffered descriptor (an aligned read would stop short at the end of the file), verify. The
+    // aligned buffer is `out` itself when it is those blocks (aligned memory, starting on a block,
+    // ending on one or at the end of the chunk: a reply's ByteBuffer, bytes.h), else the bounce
+    // buffer, copied from after the check.
     const uint64_t direct_end = round_down(span_end);
-    std::span<uint8_t> span = t_bounce.get(span_end - span_start);
+    const bool as_is = off == span_start && off + n == span_end &&
+                       reinterpret_cast<uintptr_t>(body.data()) % kDataAlignment == 0;
+    std::span<uint8_t> span = as_is ? body : t_bounce.get(span_end - span_start);
+    ++direct_reads_;
+    if (as_is) ++unbounced_reads_;
     std::vector<IoOp> ops{table_read(c, first_b, &table)};
     if (direct_end > span_start) {
       ops.push_back(IoOp::read(c.file->direct.get(), c.header().data_offset + span_start,
@@ -836,7 +889,7 @@ Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t ch
       TableEntry e = decode_table_entry(table.data() + (b - first_b) * kTableEntrySize);
       if (match_slot(e, sum) == 0) return corrupt_block(*target_, ino, chunk_index, b);
     }
-    std::memcpy(body.data(), span.data() + (off - span_start), n);
+    if (!as_is) std::memcpy(body.data(), span.data() + (off - span_start), n);
     return static_cast<uint32_t>(n);
   }
 

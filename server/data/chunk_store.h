@@ -16,8 +16,13 @@
 // the partial last block of a chunk goes through the buffered descriptor, because an O_DIRECT write
 // would round the file size up. With direct_write_min, only writes at least that large take the
 // O_DIRECT path (a checkpoint's streaming writes, which fsync follows: the disk write overlaps the
-// transfer and nothing is left dirty), while small writes and every read use the page cache. A
-// target whose file system refuses O_DIRECT (tmpfs) logs a warning once and runs buffered.
+// transfer and nothing is left dirty), while small writes use the page cache. With
+// direct_read_min, a read of a chunk at least that long (a large file's) whose bytes are not all in
+// the page cache moves them with O_DIRECT, straight into the caller's buffer when it is aligned:
+// cold data reaches the client without filling this host's page cache first, while the chunks of
+// small files, and ranges still cached (just written through it), are read buffered and may be
+// sent unread. A target whose file system refuses O_DIRECT (tmpfs) logs a warning once and runs
+// buffered.
 //
 // Thread-safety: every method may be called from any thread at once. Locks, in this order:
 //   inode lock   shared by write/read/sync of one inode, exclusive for truncate and remove
@@ -61,8 +66,12 @@ struct ChunkStoreOptions {
   // O_DIRECT for all chunk data I/O (off: through the page cache). Fixed at start.
   bool direct_io = false;
   // Writes of at least this many bytes move their data with O_DIRECT even when direct_io is off;
-  // smaller writes and all reads stay buffered. 0: never. Fixed at start.
+  // smaller writes stay buffered. 0: never. Fixed at start.
   uint32_t direct_write_min = 0;
+  // Reads of a chunk at least this long move their data with O_DIRECT even when direct_io is off,
+  // unless every page of the range is in the page cache; reads of shorter chunks stay buffered.
+  // 0: never. Fixed at start.
+  uint32_t direct_read_min = 0;
   // While reads of the target that wait for the disk are in progress, or one ended less than
   // `read_hold` ago, an O_DIRECT write goes to the disk in pieces of this many bytes (whole
   // blocks), one after another, so a read queues at the disk behind one piece of each write
@@ -71,7 +80,7 @@ struct ChunkStoreOptions {
   std::chrono::milliseconds read_hold{20};
 
   // Whether some chunk data may move with O_DIRECT (each cached file then may hold two descriptors).
-  bool any_direct() const { return direct_io || direct_write_min > 0; }
+  bool any_direct() const { return direct_io || direct_write_min > 0 || direct_read_min > 0; }
   // The I/O mode in words, for logs.
   std::string describe_io() const;
 };
@@ -112,9 +121,10 @@ class ChunkStore {
   };
   // Like read(), but neither reads nor verifies the bytes: returns where they are and the stored
   // checksums of each block they cover. std::nullopt when the range must go through read()
-  // instead: O_DIRECT is on, or the range does not start on a block or end on one or at the end of
-  // the chunk. The bytes may change after this returns (a later write), so the receiver re-reads
-  // on a mismatch. Errors: those of read() except kCorrupt.
+  // instead: its data moves with O_DIRECT (direct_io, or direct_read_min and not cached), or the
+  // range does not start on a block or end on one or at the end of the chunk. The bytes may
+  // change after this returns (a later write), so the receiver re-reads on a mismatch. Errors:
+  // those of read() except kCorrupt.
   Result<std::optional<UnreadRange>> read_unverified(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
                                                      uint32_t offset, uint32_t length);
 
@@ -156,6 +166,10 @@ class ChunkStore {
   // and those written from the caller's memory as it was (tests).
   uint64_t bounced_writes() const { return bounced_writes_.load(); }
   uint64_t unbounced_writes() const { return unbounced_writes_.load(); }
+  // Reads whose data moved with O_DIRECT, and those of them read straight into the caller's
+  // buffer (aligned, whole blocks) rather than through the bounce buffer (tests).
+  uint64_t direct_reads() const { return direct_reads_.load(); }
+  uint64_t unbounced_reads() const { return unbounced_reads_.load(); }
   // The pieces of the O_DIRECT writes that went in pieces because reads were recent, the last,
   // shorter one of each included (tests).
   uint64_t write_pieces() const { return write_pieces_.load(); }
@@ -197,21 +211,32 @@ class ChunkStore {
   void forget(InodeId ino, uint64_t chunk_index);
   void forget_inode(InodeId ino);
   // Opens the O_DIRECT descriptor of `file` when direct I/O is on; turns it off (once, logged) when
-  // the file system refuses it.
+  // the file system refuses it. REQUIRES: no other request uses `file` (the chunk lock held
+  // exclusively, or the file not yet shared).
   void open_direct(ChunkFile& file, const std::string& path);
-  // Whether reads of `file` go through its O_DIRECT descriptor (direct_io mode only).
-  bool reads_direct(const ChunkFile& file) const;
+  // Opens the O_DIRECT descriptor that reads of `file` use and turns read-ahead off on its buffered
+  // one. REQUIRES: as open_direct.
+  void ready_direct_reads(ChunkFile& file, const std::string& path);
+  // Whether a chunk of `chunk_length` bytes reads with O_DIRECT under direct_read_min.
+  bool wants_direct_reads(uint64_t chunk_length) const;
+  // Whether the read of [file_offset, file_offset + length) of `file`, a chunk of `chunk_length`
+  // bytes, goes through its O_DIRECT descriptor: always under direct_io, else under
+  // direct_read_min when the chunk is long enough and the range not all in the page cache.
+  bool reads_direct(const ChunkFile& file, uint64_t chunk_length, uint64_t file_offset, uint64_t length) const;
   // Cancels `reading` (a read counted in recent_reads_ since before its open) when its bytes
-  // [file_offset, file_offset + length) of `file` come without the disk: buffered, all in the page
-  // cache, and the file not just opened by this read (`opened_cold`, which started reading them).
+  // [file_offset, file_offset + length) of `file` come without the disk: buffered (`direct` false),
+  // all in the page cache, and the file not just opened by this read (`opened_cold`, which started
+  // reading them).
   void end_if_cached(RecentReads::Scope& reading, const ChunkFile& file, uint64_t file_offset, uint64_t length,
-                     bool opened_cold);
+                     bool opened_cold, bool direct);
 
   std::shared_ptr<Target> target_;
   const ChunkStoreOptions options_;
   std::atomic<bool> direct_{false};
   std::atomic<uint64_t> bounced_writes_{0};
   std::atomic<uint64_t> unbounced_writes_{0};
+  std::atomic<uint64_t> direct_reads_{0};
+  std::atomic<uint64_t> unbounced_reads_{0};
   std::atomic<bool> direct_warned_{false};
   std::atomic<uint64_t> write_pieces_{0};
   // Shared with the keep of every range read_unverified() returned, which may outlive this store.

@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
   size_t fd_cache = 1024;
   bool direct_io = false;
   std::string direct_write_min = std::to_string(data::kDefaultDirectWriteMin);
+  std::string direct_read_min = "0";
   std::string write_piece = std::to_string(data::kDefaultWritePieceWhileReading);
   app.set_config("--config", "", "TOML file with any of the options below (keys without the dashes, e.g. "
                                  "target = [\"/nvme0/penstock\"]); command-line flags win");
@@ -88,6 +89,13 @@ int main(int argc, char** argv) {
                  "O_DIRECT while smaller writes and all reads use the page cache: a checkpoint's streaming "
                  "writes reach the disk as they arrive instead of waiting for fsync, and leave nothing "
                  "dirty; 0 turns it off (default 1M)");
+  app.add_option("--direct-read-min", direct_read_min,
+                 "reads of a chunk at least this long (a large file's; K/M/G suffixes) whose bytes are not "
+                 "all in the page cache move them with O_DIRECT, so cold data reaches clients without "
+                 "filling this host's page cache first, while the chunks of smaller files and cached ranges "
+                 "are read through the page cache. Worth it where a fresh page-cache page costs more than "
+                 "a copy (a VM returning freed memory to its host); over TCP the page cache is otherwise "
+                 "cheaper, its ranges sent without a copy (default 0: off; e.g. 1M)");
   app.add_option("--write-piece-while-reading", write_piece,
                  "while reads of a target wait for its disk (or did under 20 ms ago), its O_DIRECT writes go "
                  "to the disk in pieces of this size, one after another, so training reads queue behind one "
@@ -121,8 +129,14 @@ int main(int argc, char** argv) {
   if (*write_min > (uint64_t{1} << 30)) {
     return fail("--direct-write-min " + direct_write_min + " is larger than any write (at most 1G; 0 turns it off)");
   }
+  auto read_min = parse_byte_size(direct_read_min);
+  if (!read_min.has_value()) return fail("--direct-read-min: " + read_min.error().message());
+  if (*read_min > (uint64_t{64} << 20)) {
+    return fail("--direct-read-min " + direct_read_min + " is longer than any chunk (at most 64M; 0 turns it off)");
+  }
   options.store.direct_io = direct_io;
   options.store.direct_write_min = static_cast<uint32_t>(*write_min);
+  options.store.direct_read_min = static_cast<uint32_t>(*read_min);
   auto piece = parse_byte_size(write_piece);
   if (!piece.has_value()) return fail("--write-piece-while-reading: " + piece.error().message());
   const uint64_t block = data::kBlockSize;

@@ -1,7 +1,8 @@
 // Dropping caches on a real mount: setxattr user.penstock.drop_caches empties the mount's chunk
 // cache, makes the meta server drop its record cache and every data server its open-file cache
 // and the page cache of its chunk files, without changing a byte; only root or the mount's owner may do it; and
-// `penstock-bench --drop-caches` on a Penstock mount uses it.
+// `penstock-bench --drop-caches` on a Penstock mount uses it. And data servers at
+// --direct-read-min, whose cold reads of large files leave their page cache empty.
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -26,11 +27,14 @@ namespace fs = std::filesystem;
 
 constexpr const char* kDropXattr = "user.penstock.drop_caches";
 
-// Pages of every chunk file under the cluster's targets (state/data*/chunks) that are in the page
-// cache, from mincore over a fresh read-only mapping (which itself loads nothing).
-::testing::AssertionResult cached_chunk_pages(const std::string& state, uint64_t* pages, uint64_t* files) {
-  *pages = 0;
-  *files = 0;
+// Pages of the chunk files under the cluster's targets (state/data*/chunks) that are in the page
+// cache, from mincore over a fresh read-only mapping (which itself loads nothing): apart for chunk
+// files of at least `long_bytes` bytes and for shorter ones, with how many files each.
+struct ChunkPages {
+  uint64_t long_pages = 0, long_files = 0, short_pages = 0, short_files = 0;
+};
+::testing::AssertionResult cached_chunk_pages_by_size(const std::string& state, uint64_t long_bytes, ChunkPages* out) {
+  *out = {};
   for (const auto& target : fs::directory_iterator(state)) {
     if (target.path().filename().string().rfind("data", 0) != 0 || !fs::is_directory(target.path() / "chunks")) {
       continue;
@@ -40,11 +44,21 @@ constexpr const char* kDropXattr = "user.penstock.drop_caches";
       uint64_t resident = 0;
       auto r = resident_pages(e.path().string(), &resident);
       if (!r) return r;
-      *pages += resident;
-      ++*files;
+      const bool is_long = e.file_size() >= long_bytes;
+      (is_long ? out->long_pages : out->short_pages) += resident;
+      ++(is_long ? out->long_files : out->short_files);
     }
   }
   return ::testing::AssertionSuccess();
+}
+
+// The same, all chunk files together.
+::testing::AssertionResult cached_chunk_pages(const std::string& state, uint64_t* pages, uint64_t* files) {
+  ChunkPages all;
+  auto r = cached_chunk_pages_by_size(state, 0, &all);
+  *pages = all.long_pages;
+  *files = all.long_files;
+  return r;
 }
 
 // A log file's text ("" when it cannot be read; the assertions on its contents then fail).
@@ -166,6 +180,49 @@ TEST_F(DropCachesTest, BenchDropCachesOnAPenstockMount) {
   std::string data_logs;
   for (int k = 1; k <= 3; ++k) data_logs += slurp(cluster_.state_dir() + "/logs/data" + std::to_string(k) + ".log");
   EXPECT_NE(data_logs.find("DropCaches:"), std::string::npos);
+}
+
+// Data servers at --direct-read-min 1M, through a real mount: a large file's chunks, read cold,
+// come with O_DIRECT and leave at most their header, table and partial last block in the data
+// servers' page cache, while a small file's chunk is read through it; both read back exactly.
+TEST(DirectReadsTest, ColdReadsOfLargeFilesSkipTheServersPageCacheSmallFilesUseIt) {
+  if (local_only()) GTEST_SKIP() << "needs the Penstock binaries (PENSTOCK_TEST_DIR is set)";
+  Cluster cluster(ClusterOptions{.data_args = "--direct-read-min 1M"});
+  ASSERT_TRUE(cluster.up());
+  const std::string large = cluster.mount_path() + "/large.bin";
+  const std::string small = cluster.mount_path() + "/small.bin";
+  const std::string large_data = pattern((6u << 20) + 4097, 0, 61);  // chunks of 4 MiB and 2 MiB + 4097 bytes
+  const std::string small_data = pattern(100u << 10, 0, 62);
+  ASSERT_TRUE(write_file(large, large_data));
+  ASSERT_TRUE(write_file(small, small_data));
+  ASSERT_EQ(::setxattr(cluster.mount_path().c_str(), kDropXattr, "1", 1, 0), 0) << errno_name(errno);
+  for (const auto& path : {large, small}) {  // the mount's kernel page cache, so the reads reach the servers
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    ASSERT_GE(fd.get(), 0) << errno_name(errno);
+    ASSERT_EQ(::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED), 0);
+  }
+  std::string got;
+  ASSERT_TRUE(read_file(large, &got));
+  EXPECT_TRUE(same_bytes(large_data, got));
+  ASSERT_TRUE(read_file(small, &got));
+  EXPECT_TRUE(same_bytes(small_data, got));
+
+  ChunkPages pages;
+  ASSERT_TRUE(cached_chunk_pages_by_size(cluster.state_dir(), 1u << 20, &pages));
+  std::string data_logs;
+  for (int k = 1; k <= 3; ++k) data_logs += slurp(cluster.state_dir() + "/logs/data" + std::to_string(k) + ".log");
+  if (data_logs.find("refuses O_DIRECT") != std::string::npos) {
+    std::printf("note: the targets' file system refuses O_DIRECT; the buffered fallback read the bytes\n");
+  } else {
+    EXPECT_NE(data_logs.find("reads of chunks of 1048576 bytes or more not in the page cache"), std::string::npos)
+        << cluster.log_tails();
+    EXPECT_EQ(pages.long_files, 2u);
+    // Header and table (5 pages for a 4 MiB chunk) and a partial last block, of 1024 and 514 data pages.
+    EXPECT_LE(pages.long_pages, 8 * pages.long_files) << "a large file's cold read filled the servers' page cache";
+  }
+  EXPECT_EQ(pages.short_files, 1u);
+  EXPECT_GE(pages.short_pages, small_data.size() / 4096) << "the small file's chunk was not read through the page cache";
+  EXPECT_TRUE(cluster.down());
 }
 
 }  // namespace

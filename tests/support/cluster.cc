@@ -564,6 +564,7 @@ std::string Cluster::log_tails(int lines) const {
     }
     std::vector<std::string> env = {"PENSTOCK_BUILD=" + build_dir()};
     if (!options_.meta_args.empty()) env.push_back("PENSTOCK_META_ARGS=" + options_.meta_args);
+    if (!options_.data_args.empty()) env.push_back("PENSTOCK_DATA_ARGS=" + options_.data_args);
     r = run_command(argv, 180, env);
     if (r.exit_code == 0) {
       break;

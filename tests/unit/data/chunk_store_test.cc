@@ -37,19 +37,22 @@ constexpr uint32_t kChunk4M = 4u << 20;
 constexpr uint32_t kChunk64K = 64u << 10;
 const InodeId kIno(1000);
 
-// How a test's store runs: I/O engine, open-file cache size, O_DIRECT for all data or for writes
-// of at least direct_write_min bytes.
+// How a test's store runs: I/O engine, open-file cache size, O_DIRECT for all data, for writes
+// of at least direct_write_min bytes, or for uncached reads of chunks of direct_read_min bytes.
 struct StoreMode {
   bool posix = false;
   size_t fd_cache = 0;
   bool direct = false;
   uint32_t direct_write_min = 0;
+  uint32_t direct_read_min = 0;
   const char* name = "";
 };
 
 // Every test runs on io_uring and on the POSIX fallback, with the open-file cache off and on (a
-// small one, so eviction happens), with O_DIRECT data I/O, and with O_DIRECT for large writes
-// only (8 KiB and up: most test writes, so one chunk sees both kinds mixed with buffered reads).
+// small one, so eviction happens), with O_DIRECT data I/O, with O_DIRECT for large writes only
+// (8 KiB and up: most test writes, so one chunk sees both kinds mixed with buffered reads), and
+// with that and O_DIRECT for reads of chunks of 8 KiB and up whose range is not cached (so one
+// chunk's reads go both ways, as its writes leave pages cached or not).
 class ChunkStoreTest : public ::testing::TestWithParam<StoreMode> {
  protected:
   void SetUp() override {
@@ -68,6 +71,7 @@ class ChunkStoreTest : public ::testing::TestWithParam<StoreMode> {
     options.fd_cache = GetParam().fd_cache;
     options.direct_io = GetParam().direct;
     options.direct_write_min = GetParam().direct_write_min;
+    options.direct_read_min = GetParam().direct_read_min;
     store_ = std::make_unique<ChunkStore>(std::shared_ptr<Target>(std::move(*t)), options);
     // Where the test directory's file system refuses O_DIRECT (tmpfs before Linux 6.6) the store
     // falls back to buffered I/O; on ext4/xfs it must really use O_DIRECT.
@@ -94,6 +98,12 @@ class ChunkStoreTest : public ::testing::TestWithParam<StoreMode> {
     EXPECT_TRUE(r.has_value()) << r.status().to_string();
     out.resize(r.has_value() ? *r : 0);
     return out;
+  }
+  // Whether data written with O_DIRECT (so not cached) is read back with O_DIRECT: under
+  // direct_io, or direct_read_min when the chunk is long enough.
+  bool uncached_reads_direct(uint64_t chunk_length) const {
+    return store_->direct_io_active() || (GetParam().direct_read_min > 0 && store_->direct_writes_active() &&
+                                          chunk_length >= GetParam().direct_read_min);
   }
   Code read_code(uint64_t index, uint32_t offset, uint32_t length, uint32_t chunk = kChunk4M) {
     std::vector<uint8_t> out(length);
@@ -203,13 +213,13 @@ TEST_P(ChunkStoreTest, FlippedDataByteIsCorruptOnReadAndPartialWrite) {
   EXPECT_EQ(read(0, 4096, 4096), fresh);
 }
 
-// Writes from page-aligned memory (a received payload is an AlignedByteBuffer, bytes.h) go to O_DIRECT as
+// Writes from page-aligned memory (a received payload is a ByteBuffer, bytes.h) go to O_DIRECT as
 // they are when they start on a block and need no old bytes after their end; the other shapes
 // still go through the bounce buffer. Every shape must read back exactly, checksums included.
 TEST_P(ChunkStoreTest, WritesFromAlignedBuffersKeepEveryByte) {
   auto aligned = [](const std::vector<uint8_t>& v, size_t skip = 0) {
-    AlignedByteBuffer b(v.size() + skip);
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % kDataAlignment, 0u) << "AlignedByteBuffer of " << b.size();
+    ByteBuffer b(v.size() + skip);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % kDataAlignment, 0u) << "ByteBuffer of " << b.size();
     std::copy(v.begin(), v.end(), b.begin() + static_cast<ptrdiff_t>(skip));
     return b;
   };
@@ -217,7 +227,7 @@ TEST_P(ChunkStoreTest, WritesFromAlignedBuffersKeepEveryByte) {
   uint64_t len = 0;
   // Writes `v` at `offset` (from its buffer's `skip`th byte) and says whether it bounced.
   auto put = [&](uint32_t offset, const std::vector<uint8_t>& v, bool should_bounce, size_t skip = 0) {
-    const AlignedByteBuffer b = aligned(v, skip);
+    const ByteBuffer b = aligned(v, skip);
     const uint64_t bounced = store_->bounced_writes(), unbounced = store_->unbounced_writes();
     auto r = store_->write(kIno, 0, kChunk4M, offset, std::span<const uint8_t>(b).subspan(skip));
     EXPECT_TRUE(r.has_value()) << r.status().to_string();
@@ -260,7 +270,7 @@ TEST_P(ChunkStoreTest, UnreadRangesNameTheBytesAndTheirChecksums) {
   write(0, 0, d);
   auto whole = store_->read_unverified(kIno, 0, kChunk4M, 0, kChunk4M);
   ASSERT_TRUE(whole.has_value()) << whole.status().to_string();
-  if (store_->direct_io_active()) {
+  if (uncached_reads_direct(d.size())) {
     EXPECT_FALSE(whole->has_value()) << "O_DIRECT data is not in the page cache to send";
     return;
   }
@@ -663,14 +673,16 @@ TEST_P(ChunkStoreTest, DropCachesDuringConcurrentIoLosesNothing) {
 }
 
 const StoreMode kModes[] = {
-    {false, 0, false, 0, "IoUring"},
-    {true, 0, false, 0, "Posix"},
-    {false, 4, false, 0, "IoUringFdCache"},
-    {true, 4, false, 0, "PosixFdCache"},
-    {false, 4, true, 0, "IoUringFdCacheDirect"},
-    {true, 0, true, 0, "PosixDirect"},
-    {false, 4, false, 8192, "IoUringFdCacheLargeWritesDirect"},
-    {true, 0, false, 8192, "PosixLargeWritesDirect"},
+    {false, 0, false, 0, 0, "IoUring"},
+    {true, 0, false, 0, 0, "Posix"},
+    {false, 4, false, 0, 0, "IoUringFdCache"},
+    {true, 4, false, 0, 0, "PosixFdCache"},
+    {false, 4, true, 0, 0, "IoUringFdCacheDirect"},
+    {true, 0, true, 0, 0, "PosixDirect"},
+    {false, 4, false, 8192, 0, "IoUringFdCacheLargeWritesDirect"},
+    {true, 0, false, 8192, 0, "PosixLargeWritesDirect"},
+    {false, 4, false, 8192, 8192, "IoUringFdCacheLongChunksReadDirect"},
+    {true, 0, false, 8192, 8192, "PosixLongChunksReadDirect"},
 };
 INSTANTIATE_TEST_SUITE_P(Modes, ChunkStoreTest, ::testing::ValuesIn(kModes),
                          [](const auto& info) { return std::string(info.param.name); });
@@ -732,6 +744,121 @@ TEST(ChunkStoreDirectWrites, LargeWritesBypassThePageCacheSmallWritesAndReadsUse
   ASSERT_TRUE(n.has_value()) << n.status().to_string();
   back.resize(*n);
   EXPECT_EQ(back, small);
+}
+
+// direct_read_min: a cold read of a long chunk (a large file's) moves its data with O_DIRECT,
+// straight into an aligned buffer of whole blocks and through the bounce buffer otherwise, and
+// leaves no page of it cached; a short chunk's reads, and a long chunk's ranges that are all in
+// the page cache, stay buffered and can be sent unread. A cold open reads ahead the long chunk's
+// table, not its data; a chunk that grows long through small writes reads direct once dropped.
+TEST(ChunkStoreDirectReads, ColdReadsOfLongChunksBypassThePageCacheShortOnesAndCachedRangesUseIt) {
+  TempDir dir;
+  ChunkStoreOptions o;
+  o.direct_write_min = 1u << 20;
+  o.direct_read_min = 1u << 20;
+  auto owned = open_store(dir, o);
+  ASSERT_NE(owned, nullptr);
+  ChunkStore& store = *owned;
+  EXPECT_FALSE(store.direct_io_active()) << "direct_read_min is not direct I/O for everything";
+  const uint64_t data_off = make_chunk_header(kIno.value, 0, kChunk4M).data_offset;
+  const auto large = pattern((2u << 20) + 300, 41);  // a partial last block
+  const auto small = pattern(64u << 10, 42);
+  ASSERT_TRUE(store.write(kIno, 0, kChunk4M, 0, large).has_value());
+  ASSERT_TRUE(store.write(kIno, 1, kChunk4M, 0, small).has_value());
+  const std::string large_path = store.target().chunk_path(kIno, 0);
+  auto read_into = [&](auto& buf, uint64_t index, uint32_t offset) {
+    auto n = store.read(kIno, index, kChunk4M, offset, std::span<uint8_t>(buf.data(), buf.size()));
+    EXPECT_TRUE(n.has_value()) << n.status().to_string();
+    return n.has_value() ? *n : 0;
+  };
+  auto slice = [](const std::vector<uint8_t>& v, uint64_t from, uint64_t n) {
+    return std::vector<uint8_t>(v.begin() + static_cast<ptrdiff_t>(from), v.begin() + static_cast<ptrdiff_t>(from + n));
+  };
+  if (!store.direct_writes_active()) {
+    std::printf("note: O_DIRECT is refused by $TMPDIR's file system; the buffered fallback is tested\n");
+    ByteBuffer back(kChunk4M);
+    ASSERT_EQ(read_into(back, 0, 0), large.size());
+    EXPECT_EQ(std::vector<uint8_t>(back.begin(), back.begin() + static_cast<ptrdiff_t>(large.size())), large);
+    EXPECT_EQ(store.direct_reads(), 0u);
+    return;
+  }
+  EXPECT_EQ(resident_in(large_path, data_off, data_off + (2u << 20)), 0u) << "the large write was buffered";
+
+  // The long chunk, cold: not sendable unread; read whole into an aligned buffer without a bounce,
+  // its partial last block included, and at an unaligned offset through the bounce buffer.
+  auto unread = store.read_unverified(kIno, 0, kChunk4M, 0, 1u << 20);
+  ASSERT_TRUE(unread.has_value()) << unread.status().to_string();
+  EXPECT_FALSE(unread->has_value()) << "a cold range of a long chunk was offered from the page cache";
+  ByteBuffer whole(large.size());
+  ASSERT_EQ(read_into(whole, 0, 0), large.size());
+  EXPECT_TRUE(std::equal(whole.begin(), whole.end(), large.begin()));
+  EXPECT_EQ(store.direct_reads(), 1u);
+  EXPECT_EQ(store.unbounced_reads(), 1u) << "an aligned read of whole blocks went through the bounce buffer";
+  std::vector<uint8_t> odd(10000);
+  ASSERT_EQ(read_into(odd, 0, 4096 + 7), odd.size());
+  EXPECT_EQ(odd, slice(large, 4096 + 7, odd.size()));
+  EXPECT_EQ(store.direct_reads(), 2u);
+  EXPECT_EQ(store.unbounced_reads(), 1u);
+  EXPECT_EQ(resident_in(large_path, data_off, data_off + (2u << 20)), 0u) << "an O_DIRECT read filled the page cache";
+
+  // The short chunk: buffered, sendable unread.
+  std::vector<uint8_t> back(small.size());
+  ASSERT_EQ(read_into(back, 1, 0), small.size());
+  EXPECT_EQ(back, small);
+  EXPECT_EQ(store.direct_reads(), 2u) << "a short chunk was read with O_DIRECT";
+  auto short_unread = store.read_unverified(kIno, 1, kChunk4M, 0, kChunk4M);
+  ASSERT_TRUE(short_unread.has_value() && short_unread->has_value());
+  EXPECT_EQ(bytes_of(**short_unread), small);
+
+  // A range of the long chunk just written through the page cache (a write under
+  // direct_write_min) is read from there, and sent unread; once dropped it is read direct.
+  const auto patch = pattern(64u << 10, 43);
+  ASSERT_TRUE(store.write(kIno, 0, kChunk4M, 1u << 20, patch).has_value());
+  const bool cachestat = testing::cachestat_works(dir.path());
+  if (cachestat) {
+    ByteBuffer cached(patch.size());
+    ASSERT_EQ(read_into(cached, 0, 1u << 20), patch.size());
+    EXPECT_TRUE(std::equal(cached.begin(), cached.end(), patch.begin()));
+    EXPECT_EQ(store.direct_reads(), 2u) << "a cached range of a long chunk was read with O_DIRECT";
+    auto warm = store.read_unverified(kIno, 0, kChunk4M, 1u << 20, static_cast<uint32_t>(patch.size()));
+    ASSERT_TRUE(warm.has_value() && warm->has_value()) << "a cached range of a long chunk was not sendable unread";
+    EXPECT_EQ(bytes_of(**warm), patch);
+  }
+  ASSERT_TRUE(store.drop_caches().has_value());
+  ByteBuffer dropped(patch.size());
+  const uint64_t before = store.direct_reads();
+  ASSERT_EQ(read_into(dropped, 0, 1u << 20), patch.size());
+  EXPECT_TRUE(std::equal(dropped.begin(), dropped.end(), patch.begin()));
+  EXPECT_EQ(store.direct_reads(), before + 1) << "a dropped range of a long chunk was read buffered";
+
+  // A cold open (the cache dropped its descriptors) reads ahead the table only.
+  ASSERT_TRUE(store.drop_caches().has_value());
+  std::vector<uint8_t> first(4096);
+  ASSERT_EQ(read_into(first, 0, 0), first.size());
+  EXPECT_EQ(first, slice(large, 0, 4096));
+  EXPECT_EQ(resident_in(large_path, data_off, data_off + (2u << 20)), 0u) << "a cold open read the data ahead";
+
+  // Small buffered writes grow chunk 2 past direct_read_min: once its pages leave the page cache
+  // (dropped here behind the store's back, its descriptors kept open), it reads direct.
+  std::vector<uint8_t> grown;
+  for (uint32_t i = 0; i < 3; ++i) {
+    const auto piece = pattern(512u << 10, 50 + i);
+    ASSERT_TRUE(store.write(kIno, 2, kChunk4M, i * (512u << 10), piece).has_value());
+    grown.insert(grown.end(), piece.begin(), piece.end());
+  }
+  {
+    const std::string path = store.target().chunk_path(kIno, 2);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0) << path;
+    EXPECT_EQ(::fdatasync(fd), 0);
+    EXPECT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    ::close(fd);
+  }
+  ByteBuffer g(grown.size());
+  const uint64_t before_grown = store.direct_reads();
+  ASSERT_EQ(read_into(g, 2, 0), grown.size());
+  EXPECT_TRUE(std::equal(g.begin(), g.end(), grown.begin()));
+  EXPECT_EQ(store.direct_reads(), before_grown + 1);
 }
 
 // write_piece_while_reading: a direct write goes in pieces only while a read of the target that
