@@ -479,7 +479,8 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::acquire(InodeId ino, uint64_t chu
     }
   }
   uint64_t size = 0;
-  const uint64_t direct_from = options_.direct_io ? 1 : options_.direct_read_min;
+  // Only a target that takes O_DIRECT skips reading a long chunk's data ahead.
+  const uint64_t direct_from = !direct_.load() ? 0 : options_.direct_io ? 1 : options_.direct_read_min;
   PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file,
                             open_chunk_file(*target_, ino, chunk_index, cold, direct_from, &size));
   if (read_started != nullptr) *read_started = cold != nullptr;

@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
                "system without O_DIRECT, e.g. tmpfs, logs a warning and stays buffered)");
   app.add_option("--direct-write-min", direct_write_min,
                  "writes of at least this size (K/M/G suffixes, powers of 1024) move their data with "
-                 "O_DIRECT while smaller writes and all reads use the page cache: a checkpoint's streaming "
+                 "O_DIRECT while smaller writes use the page cache (reads: --direct-read-min): a checkpoint's streaming "
                  "writes reach the disk as they arrive instead of waiting for fsync, and leave nothing "
                  "dirty; 0 turns it off (default 1M)");
   app.add_option("--direct-read-min", direct_read_min,
