@@ -59,23 +59,19 @@ Result<proto::data::ReadResp> ChunkService::read(const proto::data::ReadReq& req
   PENSTOCK_ASSIGN_OR_RETURN(auto store, store_for(req.key.target));
   PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "Read"));
   PENSTOCK_RETURN_IF_ERROR(check_key(req.key, req.offset, req.length, "Read"));
-  if (unread != nullptr && req.verify_at_client) {
-    PENSTOCK_ASSIGN_OR_RETURN(*unread, store->read_unverified(req.key.ino, req.key.chunk_index, req.key.chunk_size,
-                                                              req.offset, req.length));
-    if (unread->has_value()) {
-      proto::data::ReadResp resp{(*unread)->length, std::move((*unread)->block_sums)};
-      (*unread)->block_sums.clear();
-      return resp;
-    }
+  // One store call whichever way the bytes go: sent unread (the receiver verifies them) when the
+  // transport can and the client asked, else read and verified into the reply.
+  const bool unread_ok = unread != nullptr && req.verify_at_client;
+  PENSTOCK_ASSIGN_OR_RETURN(ChunkStore::ReplyRead r, store->read_for_reply(req.key.ino, req.key.chunk_index,
+                                                                           req.key.chunk_size, req.offset, req.length,
+                                                                           unread_ok, bulk_out));
+  if (r.unread.has_value()) {
+    proto::data::ReadResp resp{r.unread->length, std::move(r.unread->block_sums)};
+    r.unread->block_sums.clear();
+    *unread = std::move(r.unread);
+    return resp;
   }
-  bulk_out->resize(req.length);
-  auto n = store->read(req.key.ino, req.key.chunk_index, req.key.chunk_size, req.offset, *bulk_out);
-  if (!n.has_value()) {
-    bulk_out->clear();
-    return n.error();
-  }
-  bulk_out->resize(*n);
-  return proto::data::ReadResp{*n};
+  return proto::data::ReadResp{r.length};
 }
 
 Status ChunkService::truncate(const proto::data::TruncateReq& req, std::span<const uint8_t> bulk_in) {

@@ -96,20 +96,37 @@ struct Cachestat {
 };
 std::atomic<bool> g_cachestat_works{true};
 
-// Whether every page of [offset, offset + length) of `fd` is in the page cache. False when some
-// are not, and when the kernel cannot tell (an older kernel, a seccomp filter). A page still being
-// read in counts as cached (cachestat counts the pages present, read or not).
-bool range_cached(int fd, uint64_t offset, uint64_t length) {
-  if (length == 0) return true;
-  if (!g_cachestat_works.load(std::memory_order_relaxed)) return false;
+// The page-cache state of [offset, offset + length) of `fd`: whether every page is there (a page
+// still being read in counts: cachestat counts the pages present, read or not), and how many are
+// dirty or under writeback (an O_DIRECT read of them writes them back and waits first). None
+// cached and none unwritten when the kernel cannot tell (an older kernel, a seccomp filter).
+struct PageState {
+  bool all_cached = false;
+  uint64_t unwritten = 0;
+};
+PageState page_state(int fd, uint64_t offset, uint64_t length) {
+  if (length == 0) return PageState{true, 0};
+  if (!g_cachestat_works.load(std::memory_order_relaxed)) return {};
   CachestatRange range{offset, length};
   Cachestat cs{};
   if (::syscall(kSysCachestat, fd, &range, &cs, 0) != 0) {
     if (errno == ENOSYS || errno == EPERM) g_cachestat_works.store(false, std::memory_order_relaxed);
-    return false;
+    return {};
   }
   static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  return cs.nr_cache >= (offset + length + page - 1) / page - offset / page;
+  return PageState{cs.nr_cache >= (offset + length + page - 1) / page - offset / page, cs.nr_dirty + cs.nr_writeback};
+}
+
+// Whether cachestat(2) answers for a fresh file in `dir`; false also marks it missing for
+// page_state(). Failing to make the file says nothing about it: assume it works.
+bool probe_cachestat(const std::string& dir) {
+  const std::string probe = dir + "/.cachestat-probe";
+  const int fd = ::open(probe.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return g_cachestat_works.load();
+  page_state(fd, 0, 4096);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return g_cachestat_works.load();
 }
 
 // The names in `dir` but "." and "..", and but every other dot-name too unless `all`; std::nullopt,
@@ -434,22 +451,49 @@ ChunkStore::ChunkStore(std::shared_ptr<Target> target, ChunkStoreOptions options
                          << "Put the target on ext4 or xfs for direct I/O";
     }
   }
+  if (options_.direct_read_min > 0 && direct_.load()) {
+    if (probe_cachestat(target_->path())) {
+      direct_read_min_ = options_.direct_read_min;
+    } else if (!options_.direct_io) {
+      PENSTOCK_LOG(Warn) << "cachestat(2) is missing here (Linux 6.5 has it) or refused, so target " << target_->path()
+                         << " cannot tell cached ranges from cold ones: --direct-read-min is off for it and "
+                         << "reads go through the page cache. Use --direct-io to read every chunk with O_DIRECT";
+    }
+  }
 }
 
 ChunkStore::~ChunkStore() = default;
 
 bool ChunkStore::wants_direct_reads(uint64_t chunk_length) const {
-  return options_.direct_read_min > 0 && chunk_length >= options_.direct_read_min;
+  // cachestat may also fail later (a seccomp filter): reads then stay buffered.
+  return direct_read_min_ > 0 && chunk_length >= direct_read_min_ && g_cachestat_works.load(std::memory_order_relaxed);
 }
 
-bool ChunkStore::reads_direct(const ChunkFile& file, uint64_t chunk_length, uint64_t file_offset,
-                              uint64_t length) const {
+ChunkStore::ReadPlan ChunkStore::plan_read(const ChunkFile& file, uint64_t chunk_length, uint64_t file_offset,
+                                           uint64_t length, bool opened_cold) const {
   // A file may hold an O_DIRECT descriptor for its large writes alone (direct_write_min); a short
   // chunk's reads, and cached ranges of a long one, still come from the page cache (and may be
   // spliced).
-  if (file.direct.get() < 0) return false;
-  if (options_.direct_io) return true;
-  return wants_direct_reads(chunk_length) && !range_cached(file.fd.get(), file_offset, length);
+  ReadPlan plan;
+  const bool has_direct = file.direct.get() >= 0;
+  if (has_direct && options_.direct_io) {
+    plan.direct = true;
+    return plan;
+  }
+  const bool may_go_direct = has_direct && wants_direct_reads(chunk_length);
+  if (!may_go_direct && opened_cold) return plan;
+  const PageState whole = page_state(file.fd.get(), file_offset, length);
+  plan.cached = whole.all_cached;
+  // The range's aligned part goes direct, a partial last block of the chunk buffered: a range of
+  // that block alone reads buffered (the same I/O, and it may be spliced).
+  const uint64_t aligned = length / kDataAlignment * kDataAlignment;
+  if (!may_go_direct || plan.cached || aligned == 0) return plan;
+  // Pages not yet written back (a buffered write under direct_write_min) are read from the page
+  // cache, as an O_DIRECT read would write them and wait; a dirty partial last block (the
+  // buffered tail of a direct write, the usual case) leaves the aligned part direct.
+  plan.direct = whole.unwritten == 0 ||
+                (aligned < length && page_state(file.fd.get(), file_offset, aligned).unwritten == 0);
+  return plan;
 }
 
 void ChunkStore::open_direct(ChunkFile& file, const std::string& path) {
@@ -480,7 +524,7 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::acquire(InodeId ino, uint64_t chu
   }
   uint64_t size = 0;
   // Only a target that takes O_DIRECT skips reading a long chunk's data ahead.
-  const uint64_t direct_from = !direct_.load() ? 0 : options_.direct_io ? 1 : options_.direct_read_min;
+  const uint64_t direct_from = !direct_.load() ? 0 : options_.direct_io ? 1 : direct_read_min_;
   PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file,
                             open_chunk_file(*target_, ino, chunk_index, cold, direct_from, &size));
   if (read_started != nullptr) *read_started = cold != nullptr;
@@ -745,14 +789,6 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
   return new_len;
 }
 
-void ChunkStore::end_if_cached(RecentReads::Scope& reading, const ChunkFile& file, uint64_t file_offset,
-                               uint64_t length, bool opened_cold, bool direct) {
-  // A cold open has already asked for the range (start_cold_read), and pages being read in look
-  // cached to cachestat: that read waits for the disk whatever it says.
-  if (opened_cold || direct) return;
-  if (range_cached(file.fd.get(), file_offset, length)) reading.cancel();
-}
-
 // The start of every read: checks the range and opens the chunk; an empty file (no ChunkFile) when
 // there is no chunk. REQUIRES: the caller holds the inode and chunk locks shared.
 Result<std::shared_ptr<ChunkFile>> ChunkStore::open_for_read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
@@ -776,92 +812,107 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::open_for_read(InodeId ino, uint64
   return std::move(c.file);
 }
 
-Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(InodeId ino, uint64_t chunk_index,
-                                                                         uint32_t chunk_size, uint32_t offset,
-                                                                         uint32_t length) {
-  auto inode_guard = inode_locks_.lock_shared(ino.value);
-  auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
-  // Counted from before the open (a cold one reads the header from disk) until the bytes are
-  // staged, held by the range's keep since the staging comes later; cancelled when the file was
-  // open and the range is in the page cache or there is nothing to read.
-  RecentReads::Scope reading = recent_reads_->start();
+// One read, under the inode and chunk locks held shared: the chunk opened, the range's whole
+// blocks, how they are read (plan_read) and the read counted in recent_reads_ from before the
+// open (a cold one reads the header from disk) until its bytes are read or, for a range sent
+// unread, staged. Cancelled when the file was open and the range is in the page cache, and for a
+// hole.
+struct ChunkStore::ReadRequest {
+  ReadRequest(ChunkStore& store, InodeId ino, uint64_t chunk_index)
+      : inode_guard(store.inode_locks_.lock_shared(ino.value)),
+        chunk_guard(store.chunk_locks_.lock_shared({ino.value, chunk_index})),
+        reading(store.recent_reads_->start()) {}
+  LockTable<uint64_t>::Guard inode_guard;
+  LockTable<std::pair<uint64_t, uint64_t>, PairHash>::Guard chunk_guard;
+  RecentReads::Scope reading;
+  std::shared_ptr<ChunkFile> file;  // null: no chunk
   uint64_t chunk_len = 0;
-  bool read_started = false;
-  PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file,
-                            open_for_read(ino, chunk_index, chunk_size, offset, length, &chunk_len, &read_started));
-  // A hole, or a range read() must serve (which counts itself), reads nothing here from an open file.
-  auto nothing_read = [&] {
-    if (!read_started) reading.cancel();
-  };
-  UnreadRange r;
-  if (file == nullptr || offset >= chunk_len || length == 0) {
-    nothing_read();
-    return std::optional<UnreadRange>(std::move(r));  // a hole
+  bool read_started = false;  // the open started reading the range from disk (start_cold_read)
+  uint64_t n = 0;             // bytes of the chunk the range holds; 0: a hole
+  uint64_t span_start = 0;    // the whole blocks that hold them, in the chunk's data
+  uint64_t span_end = 0;
+  ReadPlan plan;
+};
+
+Result<std::unique_ptr<ChunkStore::ReadRequest>> ChunkStore::start_read(InodeId ino, uint64_t chunk_index,
+                                                                         uint32_t chunk_size, uint32_t offset,
+                                                                         uint64_t length) {
+  auto r = std::make_unique<ReadRequest>(*this, ino, chunk_index);
+  PENSTOCK_ASSIGN_OR_RETURN(r->file,
+                            open_for_read(ino, chunk_index, chunk_size, offset, length, &r->chunk_len, &r->read_started));
+  if (r->file == nullptr || offset >= r->chunk_len || length == 0) {
+    if (!r->read_started) r->reading.cancel();  // a hole: nothing read
+    return r;
   }
+  r->n = std::min<uint64_t>(length, r->chunk_len - offset);
+  r->span_start = round_down(offset);
+  r->span_end = std::min(round_down(offset + r->n - 1) + kB, r->chunk_len);
+  const uint64_t data_offset = r->file->header.data_offset;
+  r->plan = plan_read(*r->file, r->chunk_len, data_offset + r->span_start, r->span_end - r->span_start,
+                      r->read_started);
+  // A cold open has already asked for the range (start_cold_read), and pages being read in look
+  // cached to cachestat: that read waits for the disk whatever it says.
+  if (!r->read_started && !r->plan.direct && r->plan.cached) r->reading.cancel();
+  return r;
+}
+
+bool ChunkStore::sendable_unread(const ReadRequest& r, uint32_t offset) {
   // The receiver can verify only whole blocks; O_DIRECT data is not in the page cache to send.
-  const uint64_t n = std::min<uint64_t>(length, chunk_len - offset);
-  if (offset % kB != 0 || ((offset + n) % kB != 0 && offset + n != chunk_len) ||
-      reads_direct(*file, chunk_len, file->header.data_offset + offset, n)) {
-    nothing_read();
-    return std::optional<UnreadRange>();
-  }
-  const OpenChunk c{file, chunk_len};
-  const uint64_t first_b = offset / kB;
-  const uint64_t nb = (n + kB - 1) / kB;
-  end_if_cached(reading, *file, c.header().data_offset + offset, n, read_started, false);
+  return r.n == 0 || (r.span_start == offset && r.span_end == offset + r.n && !r.plan.direct);
+}
+
+Result<ChunkStore::UnreadRange> ChunkStore::unread_range(InodeId ino, uint64_t chunk_index,
+                                                         std::unique_ptr<ReadRequest> r) {
+  UnreadRange range;
+  if (r->n == 0) return range;  // a hole
+  const OpenChunk c{r->file, r->chunk_len};
+  const uint64_t first_b = r->span_start / kB;
+  const uint64_t nb = (r->n + kB - 1) / kB;
+  const uint64_t file_offset = c.header().data_offset + r->span_start;
   // Start reading the bytes from disk now, so a cold read waits for the table and the data at
   // once rather than one after the other (the splice comes later); a no-op when they are cached,
   // and already done when this read opened the file.
-  if (!read_started) ::readahead(c.fd(), static_cast<off64_t>(c.header().data_offset + offset), n);
+  if (!r->read_started) ::readahead(c.fd(), static_cast<off64_t>(file_offset), r->n);
   std::vector<uint8_t> table(nb * kTableEntrySize);
   IoOp op = table_read(c, first_b, &table);
   Status st = run_io(std::span<IoOp>(&op, 1), false);
   if (!st.is_ok()) return st.with_context("reading the checksums of " + target_->chunk_path(ino, chunk_index));
-  r.block_sums.reserve(nb * 2);
+  range.block_sums.reserve(nb * 2);
   for (uint64_t b = 0; b < nb; ++b) {
     const TableEntry e = decode_table_entry(table.data() + b * kTableEntrySize);
-    r.block_sums.push_back(e.current);
-    r.block_sums.push_back(e.previous);
+    range.block_sums.push_back(e.current);
+    range.block_sums.push_back(e.previous);
   }
-  r.fd = c.fd();
-  r.file_offset = c.header().data_offset + offset;
-  r.length = static_cast<uint32_t>(n);
-  struct Keep {  // members end in reverse: the read's count first, then its counter, then the file
+  range.fd = c.fd();
+  range.file_offset = file_offset;
+  range.length = static_cast<uint32_t>(r->n);
+  // The staging comes later: the range's keep holds the read's count (and the locks' release
+  // comes now, as a write may change the bytes after this returns: the receiver re-reads on a
+  // mismatch). Members end in reverse: the read's count first, then its counter, then the file.
+  struct Keep {
     std::shared_ptr<ChunkFile> file;
     std::shared_ptr<RecentReads> counter;
     RecentReads::Scope reading;
   };
-  r.keep = std::make_shared<const Keep>(Keep{std::move(file), recent_reads_, std::move(reading)});
-  return std::optional<UnreadRange>(std::move(r));
+  range.keep = std::make_shared<const Keep>(Keep{std::move(r->file), recent_reads_, std::move(r->reading)});
+  return range;
 }
 
-Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint32_t offset,
-                                  std::span<uint8_t> out) {
-  auto inode_guard = inode_locks_.lock_shared(ino.value);
-  auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
-  RecentReads::Scope reading = recent_reads_->start();  // as in read_unverified()
-  uint64_t chunk_len = 0;
-  bool read_started = false;
-  PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file, open_for_read(ino, chunk_index, chunk_size, offset,
-                                                                           out.size(), &chunk_len, &read_started));
-  if (file == nullptr || offset >= chunk_len || out.empty()) {
-    if (!read_started) reading.cancel();  // a hole: nothing read
-    return 0u;
-  }
-  const OpenChunk c{std::move(file), chunk_len};
+Result<uint32_t> ChunkStore::read_blocks(InodeId ino, uint64_t chunk_index, const ReadRequest& r, uint32_t offset,
+                                         std::span<uint8_t> out) {
+  if (r.n == 0) return 0u;
+  const OpenChunk c{r.file, r.chunk_len};
   const uint64_t off = offset;
-  const uint64_t n = std::min<uint64_t>(out.size(), c.length - off);
-  const uint64_t first_b = off / kB;
+  const uint64_t n = r.n;
+  const uint64_t first_b = r.span_start / kB;
   const uint64_t last_b = (off + n - 1) / kB;
   const uint64_t nb = last_b - first_b + 1;
-  const uint64_t span_start = first_b * kB;
-  const uint64_t span_end = std::min(last_b * kB + kB, c.length);
-  const bool direct = reads_direct(*c.file, c.length, c.header().data_offset + span_start, span_end - span_start);
-  end_if_cached(reading, *c.file, c.header().data_offset + span_start, span_end - span_start, read_started, direct);
+  const uint64_t span_start = r.span_start;
+  const uint64_t span_end = r.span_end;
   std::vector<uint8_t> table(nb * kTableEntrySize);
   std::span<uint8_t> body = out.first(n);
 
-  if (direct) {
+  if (r.plan.direct) {
     // O_DIRECT: whole blocks into an aligned buffer, a partial last block of the chunk through the
     // buffered descriptor (an aligned read would stop short at the end of the file), verify. The
     // aligned buffer is `out` itself when it is those blocks (aligned memory, starting on a block,
@@ -921,6 +972,44 @@ Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t ch
     if (match_slot(e, sum) == 0) return corrupt_block(*target_, ino, chunk_index, b);
   }
   return static_cast<uint32_t>(n);
+}
+
+Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(InodeId ino, uint64_t chunk_index,
+                                                                         uint32_t chunk_size, uint32_t offset,
+                                                                         uint32_t length) {
+  PENSTOCK_ASSIGN_OR_RETURN(std::unique_ptr<ReadRequest> r, start_read(ino, chunk_index, chunk_size, offset, length));
+  if (!sendable_unread(*r, offset)) {
+    if (!r->read_started) r->reading.cancel();  // read() reads it, and counts itself
+    return std::optional<UnreadRange>();
+  }
+  PENSTOCK_ASSIGN_OR_RETURN(UnreadRange range, unread_range(ino, chunk_index, std::move(r)));
+  return std::optional<UnreadRange>(std::move(range));
+}
+
+Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint32_t offset,
+                                  std::span<uint8_t> out) {
+  PENSTOCK_ASSIGN_OR_RETURN(std::unique_ptr<ReadRequest> r, start_read(ino, chunk_index, chunk_size, offset, out.size()));
+  return read_blocks(ino, chunk_index, *r, offset, out);
+}
+
+Result<ChunkStore::ReplyRead> ChunkStore::read_for_reply(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
+                                                         uint32_t offset, uint32_t length, bool unread_ok,
+                                                         ByteBuffer* out) {
+  PENSTOCK_ASSIGN_OR_RETURN(std::unique_ptr<ReadRequest> r, start_read(ino, chunk_index, chunk_size, offset, length));
+  ReplyRead reply;
+  if (unread_ok && sendable_unread(*r, offset)) {
+    PENSTOCK_ASSIGN_OR_RETURN(UnreadRange range, unread_range(ino, chunk_index, std::move(r)));
+    reply.unread = std::move(range);
+    return reply;
+  }
+  out->resize(r->n);
+  auto n = read_blocks(ino, chunk_index, *r, offset, std::span<uint8_t>(out->data(), out->size()));
+  if (!n.has_value()) {
+    out->clear();
+    return n.error();
+  }
+  reply.length = *n;
+  return reply;
 }
 
 Status ChunkStore::cut_chunk(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint64_t keep) {

@@ -20,9 +20,10 @@
 // direct_read_min, a read of a chunk at least that long (a large file's) whose bytes are not all in
 // the page cache moves them with O_DIRECT, straight into the caller's buffer when it is aligned:
 // cold data reaches the client without filling this host's page cache first, while the chunks of
-// small files, and ranges still cached (just written through it), are read buffered and may be
-// sent unread. A target whose file system refuses O_DIRECT (tmpfs) logs a warning once and runs
-// buffered.
+// small files, ranges still cached (just written through it), and ranges holding pages not yet
+// written back (which an O_DIRECT read would wait for) are read buffered and may be sent unread.
+// The page cache is asked with cachestat(2) (Linux 6.5); without it direct_read_min is off (logged).
+// A target whose file system refuses O_DIRECT (tmpfs) logs a warning once and runs buffered.
 //
 // Thread-safety: every method may be called from any thread at once. Locks, in this order:
 //   inode lock   shared by write/read/sync of one inode, exclusive for truncate and remove
@@ -45,6 +46,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/base/bytes.h"
 #include "common/base/ids.h"
 #include "common/base/result.h"
 #include "server/data/lock_table.h"
@@ -69,8 +71,8 @@ struct ChunkStoreOptions {
   // smaller writes stay buffered. 0: never. Fixed at start.
   uint32_t direct_write_min = 0;
   // Reads of a chunk at least this long move their data with O_DIRECT even when direct_io is off,
-  // unless every page of the range is in the page cache; reads of shorter chunks stay buffered.
-  // 0: never. Fixed at start.
+  // unless every page of the range is in the page cache or some are dirty; reads of shorter chunks
+  // stay buffered. 0: never. Fixed at start; off where cachestat(2) is missing.
   uint32_t direct_read_min = 0;
   // While reads of the target that wait for the disk are in progress, or one ended less than
   // `read_hold` ago, an O_DIRECT write goes to the disk in pieces of this many bytes (whole
@@ -127,6 +129,19 @@ class ChunkStore {
   // those of read() except kCorrupt.
   Result<std::optional<UnreadRange>> read_unverified(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
                                                      uint32_t offset, uint32_t length);
+
+  // What read_for_reply() did: `unread` holds the range to send unread (a hole has length 0), or,
+  // when empty, `length` bytes were read and verified into the buffer.
+  struct ReplyRead {
+    std::optional<UnreadRange> unread;
+    uint32_t length = 0;
+  };
+  // The read of a reply: read_unverified() when `unread_ok` and the range can be sent so, else
+  // read() of `length` bytes into `out`, sized to them first (page-aligned from 64 KiB, so an
+  // O_DIRECT read lands in it as it is) and to the bytes read after (empty on an error). One
+  // lock, open and look at the page cache per request, whichever way it goes. Errors: read()'s.
+  Result<ReplyRead> read_for_reply(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint32_t offset,
+                                   uint32_t length, bool unread_ok, ByteBuffer* out);
 
   // Makes the chunks of `ino` match a file of `file_size` bytes: chunks wholly at/after it are
   // removed, the chunk that holds the end is cut there (its last block re-checksummed after being
@@ -219,20 +234,34 @@ class ChunkStore {
   void ready_direct_reads(ChunkFile& file, const std::string& path);
   // Whether a chunk of `chunk_length` bytes reads with O_DIRECT under direct_read_min.
   bool wants_direct_reads(uint64_t chunk_length) const;
-  // Whether the read of [file_offset, file_offset + length) of `file`, a chunk of `chunk_length`
-  // bytes, goes through its O_DIRECT descriptor: always under direct_io, else under
-  // direct_read_min when the chunk is long enough and the range not all in the page cache.
-  bool reads_direct(const ChunkFile& file, uint64_t chunk_length, uint64_t file_offset, uint64_t length) const;
-  // Cancels `reading` (a read counted in recent_reads_ since before its open) when its bytes
-  // [file_offset, file_offset + length) of `file` come without the disk: buffered (`direct` false),
-  // all in the page cache, and the file not just opened by this read (`opened_cold`, which started
-  // reading them).
-  void end_if_cached(RecentReads::Scope& reading, const ChunkFile& file, uint64_t file_offset, uint64_t length,
-                     bool opened_cold, bool direct);
+  // How the read of whole blocks [file_offset, file_offset + length) of `file`, a chunk of
+  // `chunk_length` bytes, goes: through its O_DIRECT descriptor always under direct_io, else under
+  // direct_read_min when the chunk is long enough and the range neither all in the page cache nor
+  // holding pages to be written back in its aligned part; and whether it is all cached (asked
+  // only where it matters: a buffered read of a file this read did not open, `opened_cold`).
+  struct ReadPlan {
+    bool direct = false;
+    bool cached = false;
+  };
+  ReadPlan plan_read(const ChunkFile& file, uint64_t chunk_length, uint64_t file_offset, uint64_t length,
+                     bool opened_cold) const;
+  // One read in progress, from its locks to its plan (chunk_store.cc), and its steps: start_read()
+  // takes the locks, opens the chunk and plans the read; sendable_unread() says whether the range
+  // can go out unread (a hole, or whole blocks read buffered); unread_range() then gives it,
+  // read_blocks() else reads and verifies it into `out` (at least the range's bytes long).
+  struct ReadRequest;
+  Result<std::unique_ptr<ReadRequest>> start_read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
+                                                  uint32_t offset, uint64_t length);
+  static bool sendable_unread(const ReadRequest& r, uint32_t offset);
+  Result<UnreadRange> unread_range(InodeId ino, uint64_t chunk_index, std::unique_ptr<ReadRequest> r);
+  Result<uint32_t> read_blocks(InodeId ino, uint64_t chunk_index, const ReadRequest& r, uint32_t offset,
+                               std::span<uint8_t> out);
 
   std::shared_ptr<Target> target_;
   const ChunkStoreOptions options_;
   std::atomic<bool> direct_{false};
+  // options_.direct_read_min, or 0 where the target refuses O_DIRECT or cachestat(2) is missing.
+  uint32_t direct_read_min_ = 0;
   std::atomic<uint64_t> bounced_writes_{0};
   std::atomic<uint64_t> unbounced_writes_{0};
   std::atomic<uint64_t> direct_reads_{0};

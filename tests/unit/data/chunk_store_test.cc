@@ -746,6 +746,14 @@ TEST(ChunkStoreDirectWrites, LargeWritesBypassThePageCacheSmallWritesAndReadsUse
   EXPECT_EQ(back, small);
 }
 
+// A store with direct writes and reads of 1 MiB or more, as `--direct-read-min 1M` runs one.
+ChunkStoreOptions hybrid_options() {
+  ChunkStoreOptions o;
+  o.direct_write_min = 1u << 20;
+  o.direct_read_min = 1u << 20;
+  return o;
+}
+
 // direct_read_min: a cold read of a long chunk (a large file's) moves its data with O_DIRECT,
 // straight into an aligned buffer of whole blocks and through the bounce buffer otherwise, and
 // leaves no page of it cached; a short chunk's reads, and a long chunk's ranges that are all in
@@ -753,10 +761,7 @@ TEST(ChunkStoreDirectWrites, LargeWritesBypassThePageCacheSmallWritesAndReadsUse
 // table, not its data; a chunk that grows long through small writes reads direct once dropped.
 TEST(ChunkStoreDirectReads, ColdReadsOfLongChunksBypassThePageCacheShortOnesAndCachedRangesUseIt) {
   TempDir dir;
-  ChunkStoreOptions o;
-  o.direct_write_min = 1u << 20;
-  o.direct_read_min = 1u << 20;
-  auto owned = open_store(dir, o);
+  auto owned = open_store(dir, hybrid_options());
   ASSERT_NE(owned, nullptr);
   ChunkStore& store = *owned;
   EXPECT_FALSE(store.direct_io_active()) << "direct_read_min is not direct I/O for everything";
@@ -774,8 +779,10 @@ TEST(ChunkStoreDirectReads, ColdReadsOfLongChunksBypassThePageCacheShortOnesAndC
   auto slice = [](const std::vector<uint8_t>& v, uint64_t from, uint64_t n) {
     return std::vector<uint8_t>(v.begin() + static_cast<ptrdiff_t>(from), v.begin() + static_cast<ptrdiff_t>(from + n));
   };
-  if (!store.direct_writes_active()) {
-    std::printf("note: O_DIRECT is refused by $TMPDIR's file system; the buffered fallback is tested\n");
+  const bool cachestat = testing::cachestat_works(dir.path());
+  if (!store.direct_writes_active() || !cachestat) {
+    std::printf("note: %s; the buffered fallback is tested\n",
+                cachestat ? "O_DIRECT is refused by $TMPDIR's file system" : "cachestat(2) is missing");
     ByteBuffer back(kChunk4M);
     ASSERT_EQ(read_into(back, 0, 0), large.size());
     EXPECT_EQ(std::vector<uint8_t>(back.begin(), back.begin() + static_cast<ptrdiff_t>(large.size())), large);
@@ -814,8 +821,7 @@ TEST(ChunkStoreDirectReads, ColdReadsOfLongChunksBypassThePageCacheShortOnesAndC
   // direct_write_min) is read from there, and sent unread; once dropped it is read direct.
   const auto patch = pattern(64u << 10, 43);
   ASSERT_TRUE(store.write(kIno, 0, kChunk4M, 1u << 20, patch).has_value());
-  const bool cachestat = testing::cachestat_works(dir.path());
-  if (cachestat) {
+  {
     ByteBuffer cached(patch.size());
     ASSERT_EQ(read_into(cached, 0, 1u << 20), patch.size());
     EXPECT_TRUE(std::equal(cached.begin(), cached.end(), patch.begin()));
@@ -823,6 +829,35 @@ TEST(ChunkStoreDirectReads, ColdReadsOfLongChunksBypassThePageCacheShortOnesAndC
     auto warm = store.read_unverified(kIno, 0, kChunk4M, 1u << 20, static_cast<uint32_t>(patch.size()));
     ASSERT_TRUE(warm.has_value() && warm->has_value()) << "a cached range of a long chunk was not sendable unread";
     EXPECT_EQ(bytes_of(**warm), patch);
+  }
+  // A range only partly cached whose cached pages are not yet written back (the patch, while the
+  // kernel has not flushed it) is read through the page cache: an O_DIRECT read would first write
+  // them and wait. Once written back, such a range reads direct again.
+  std::vector<uint8_t> expect_around = slice(large, (1u << 20) - (64u << 10), 192u << 10);
+  std::copy(patch.begin(), patch.end(), expect_around.begin() + (64 << 10));
+  if (testing::dirty_pages(large_path, data_off + (1u << 20), patch.size()) > 0) {
+    ByteBuffer around(expect_around.size());
+    ASSERT_EQ(read_into(around, 0, (1u << 20) - (64u << 10)), around.size());
+    EXPECT_TRUE(std::equal(around.begin(), around.end(), expect_around.begin()));
+    EXPECT_EQ(store.direct_reads(), 2u) << "a range holding dirty pages was read with O_DIRECT";
+  } else {
+    std::printf("note: the patch was written back at once; the dirty-range case is not tested\n");
+  }
+  {
+    const int fd = ::open(large_path.c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0) << large_path;
+    EXPECT_EQ(::fdatasync(fd), 0);
+    // The buffered read above cached the patch's neighbours: drop them again, keeping the patch.
+    EXPECT_EQ(::posix_fadvise(fd, static_cast<off_t>(data_off + (1u << 20) - (64u << 10)), 64 << 10,
+                              POSIX_FADV_DONTNEED), 0);
+    EXPECT_EQ(::posix_fadvise(fd, static_cast<off_t>(data_off + (1u << 20) + (64u << 10)), 64 << 10,
+                              POSIX_FADV_DONTNEED), 0);
+    ::close(fd);
+    ASSERT_EQ(testing::dirty_pages(large_path, data_off, 2u << 20), 0u);
+    ByteBuffer around(expect_around.size());
+    ASSERT_EQ(read_into(around, 0, (1u << 20) - (64u << 10)), around.size());
+    EXPECT_TRUE(std::equal(around.begin(), around.end(), expect_around.begin()));
+    EXPECT_EQ(store.direct_reads(), 3u) << "a partly cached, written-back range was read buffered";
   }
   ASSERT_TRUE(store.drop_caches().has_value());
   ByteBuffer dropped(patch.size());
@@ -859,6 +894,63 @@ TEST(ChunkStoreDirectReads, ColdReadsOfLongChunksBypassThePageCacheShortOnesAndC
   ASSERT_EQ(read_into(g, 2, 0), grown.size());
   EXPECT_TRUE(std::equal(g.begin(), g.end(), grown.begin()));
   EXPECT_EQ(store.direct_reads(), before_grown + 1);
+}
+
+// read_for_reply, the data service's one call per Read: a range that may go out unread does (a
+// hole as an empty range); one that may not, or must not (a cold range of a long chunk under
+// direct_read_min, an unaligned one), is read and verified into the buffer, sized to its bytes.
+TEST(ChunkStoreReadForReply, SendsUnreadWhereItMayAndReadsIntoTheBufferElse) {
+  TempDir dir;
+  auto owned = open_store(dir, hybrid_options());
+  ASSERT_NE(owned, nullptr);
+  ChunkStore& store = *owned;
+  const auto large = pattern(2u << 20, 61);
+  const auto small = pattern(10000, 62);  // a partial last block
+  ASSERT_TRUE(store.write(kIno, 0, kChunk4M, 0, large).has_value());
+  ASSERT_TRUE(store.write(kIno, 1, kChunk4M, 0, small).has_value());
+  ByteBuffer out;
+
+  auto r = store.read_for_reply(kIno, 1, kChunk4M, 0, kChunk4M, true, &out);
+  ASSERT_TRUE(r.has_value()) << r.status().to_string();
+  ASSERT_TRUE(r->unread.has_value());
+  EXPECT_EQ(bytes_of(*r->unread), small);
+  EXPECT_TRUE(out.empty());
+
+  r = store.read_for_reply(kIno, 1, kChunk4M, 0, kChunk4M, false, &out);
+  ASSERT_TRUE(r.has_value()) << r.status().to_string();
+  EXPECT_FALSE(r->unread.has_value());
+  EXPECT_EQ(r->length, small.size());
+  EXPECT_EQ(std::vector<uint8_t>(out.begin(), out.end()), small);
+
+  r = store.read_for_reply(kIno, 1, kChunk4M, 100, 5000, true, &out);  // not whole blocks
+  ASSERT_TRUE(r.has_value()) << r.status().to_string();
+  EXPECT_FALSE(r->unread.has_value());
+  EXPECT_EQ(std::vector<uint8_t>(out.begin(), out.end()),
+            std::vector<uint8_t>(small.begin() + 100, small.begin() + 5100));
+
+  r = store.read_for_reply(kIno, 7, kChunk4M, 0, 4096, true, &out);  // no such chunk
+  ASSERT_TRUE(r.has_value()) << r.status().to_string();
+  ASSERT_TRUE(r->unread.has_value());
+  EXPECT_EQ(r->unread->length, 0u);
+  r = store.read_for_reply(kIno, 7, kChunk4M, 0, 4096, false, &out);
+  ASSERT_TRUE(r.has_value()) << r.status().to_string();
+  EXPECT_EQ(r->length, 0u);
+  EXPECT_TRUE(out.empty());
+
+  ASSERT_TRUE(store.drop_caches().has_value());
+  const uint64_t before = store.direct_reads();
+  r = store.read_for_reply(kIno, 0, kChunk4M, 0, 1u << 20, true, &out);
+  ASSERT_TRUE(r.has_value()) << r.status().to_string();
+  EXPECT_EQ(std::vector<uint8_t>(out.begin(), out.end()), std::vector<uint8_t>(large.begin(), large.begin() + (1 << 20)));
+  if (store.direct_writes_active() && testing::cachestat_works(dir.path())) {
+    EXPECT_FALSE(r->unread.has_value()) << "a cold range of a long chunk went out unread";
+    EXPECT_EQ(store.direct_reads(), before + 1);
+    EXPECT_EQ(store.unbounced_reads(), 1u) << "the reply's buffer was not read into as it is";
+  }
+
+  EXPECT_EQ(store.read_for_reply(kIno, 0, kChunk4M, kChunk4M - 4096, 8192, false, &out).status().code(),
+            Code::kInvalid);
+  EXPECT_EQ(store.read_for_reply(InodeId{0}, 0, kChunk4M, 0, 4096, true, &out).status().code(), Code::kInvalid);
 }
 
 // write_piece_while_reading: a direct write goes in pieces only while a read of the target that

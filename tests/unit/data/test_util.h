@@ -66,6 +66,25 @@ inline bool cachestat_works(const std::string& dir) {
   return ok;
 }
 
+// Pages of [offset, offset + length) of the file at `path` that are dirty or under writeback
+// (cachestat(2)); 0 when it cannot tell.
+inline uint64_t dirty_pages(const std::string& path, uint64_t offset, uint64_t length) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  struct {
+    uint64_t off;
+    uint64_t len;
+  } range{offset, length};
+  uint64_t stat[5] = {};  // cache, dirty, writeback, evicted, recently evicted
+#ifdef __NR_cachestat
+  const bool ok = ::syscall(__NR_cachestat, fd, &range, stat, 0) == 0;
+#else
+  const bool ok = ::syscall(451, fd, &range, stat, 0) == 0;
+#endif
+  ::close(fd);
+  return ok ? stat[1] + stat[2] : 0;
+}
+
 // How many runs of physically contiguous disk blocks hold bytes [0, end) of the open file `fd`
 // (FIEMAP); nullopt when the file system cannot say (tmpfs).
 inline std::optional<int> physical_runs(int fd, uint64_t end) {
