@@ -98,14 +98,15 @@ std::atomic<bool> g_cachestat_works{true};
 
 // The page-cache state of [offset, offset + length) of `fd`: whether every page is there (a page
 // still being read in counts: cachestat counts the pages present, read or not), and how many are
-// dirty or under writeback (an O_DIRECT read of them writes them back and waits first). None
-// cached and none unwritten when the kernel cannot tell (an older kernel, a seccomp filter).
+// dirty or under writeback (an O_DIRECT read of them writes them back and waits first). `known`
+// false, and nothing cached, when the kernel cannot tell (an older kernel, a seccomp filter).
 struct PageState {
+  bool known = false;
   bool all_cached = false;
   uint64_t unwritten = 0;
 };
 PageState page_state(int fd, uint64_t offset, uint64_t length) {
-  if (length == 0) return PageState{true, 0};
+  if (length == 0) return PageState{true, true, 0};
   if (!g_cachestat_works.load(std::memory_order_relaxed)) return {};
   CachestatRange range{offset, length};
   Cachestat cs{};
@@ -114,7 +115,8 @@ PageState page_state(int fd, uint64_t offset, uint64_t length) {
     return {};
   }
   static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  return PageState{cs.nr_cache >= (offset + length + page - 1) / page - offset / page, cs.nr_dirty + cs.nr_writeback};
+  return PageState{true, cs.nr_cache >= (offset + length + page - 1) / page - offset / page,
+                   cs.nr_dirty + cs.nr_writeback};
 }
 
 // Whether cachestat(2) answers for a fresh file in `dir`; false also marks it missing for
@@ -464,9 +466,13 @@ ChunkStore::ChunkStore(std::shared_ptr<Target> target, ChunkStoreOptions options
 
 ChunkStore::~ChunkStore() = default;
 
-bool ChunkStore::wants_direct_reads(uint64_t chunk_length) const {
+bool ChunkStore::direct_reads_on() const {
   // cachestat may also fail later (a seccomp filter): reads then stay buffered.
-  return direct_read_min_ > 0 && chunk_length >= direct_read_min_ && g_cachestat_works.load(std::memory_order_relaxed);
+  return direct_read_min_ > 0 && g_cachestat_works.load(std::memory_order_relaxed);
+}
+
+bool ChunkStore::wants_direct_reads(uint64_t chunk_length) const {
+  return direct_reads_on() && chunk_length >= direct_read_min_;
 }
 
 ChunkStore::ReadPlan ChunkStore::plan_read(const ChunkFile& file, uint64_t chunk_length, uint64_t file_offset,
@@ -486,13 +492,18 @@ ChunkStore::ReadPlan ChunkStore::plan_read(const ChunkFile& file, uint64_t chunk
   plan.cached = whole.all_cached;
   // The range's aligned part goes direct, a partial last block of the chunk buffered: a range of
   // that block alone reads buffered (the same I/O, and it may be spliced).
-  const uint64_t aligned = length / kDataAlignment * kDataAlignment;
-  if (!may_go_direct || plan.cached || aligned == 0) return plan;
+  // (read_blocks: round_down(span_end); file_offset is block-aligned, as every data offset is.)
+  const uint64_t aligned = round_down(length);
+  if (!may_go_direct || !whole.known || plan.cached || aligned == 0) return plan;
   // Pages not yet written back (a buffered write under direct_write_min) are read from the page
   // cache, as an O_DIRECT read would write them and wait; a dirty partial last block (the
   // buffered tail of a direct write, the usual case) leaves the aligned part direct.
-  plan.direct = whole.unwritten == 0 ||
-                (aligned < length && page_state(file.fd.get(), file_offset, aligned).unwritten == 0);
+  if (whole.unwritten == 0) {
+    plan.direct = true;
+  } else if (aligned < length) {
+    const PageState head = page_state(file.fd.get(), file_offset, aligned);
+    plan.direct = head.known && head.unwritten == 0;
+  }
   return plan;
 }
 
@@ -524,7 +535,7 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::acquire(InodeId ino, uint64_t chu
   }
   uint64_t size = 0;
   // Only a target that takes O_DIRECT skips reading a long chunk's data ahead.
-  const uint64_t direct_from = !direct_.load() ? 0 : options_.direct_io ? 1 : direct_read_min_;
+  const uint64_t direct_from = !direct_.load() ? 0 : options_.direct_io ? 1 : direct_reads_on() ? direct_read_min_ : 0;
   PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file,
                             open_chunk_file(*target_, ino, chunk_index, cold, direct_from, &size));
   if (read_started != nullptr) *read_started = cold != nullptr;
@@ -995,6 +1006,7 @@ Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t ch
 Result<ChunkStore::ReplyRead> ChunkStore::read_for_reply(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
                                                          uint32_t offset, uint32_t length, bool unread_ok,
                                                          ByteBuffer* out) {
+  out->clear();
   PENSTOCK_ASSIGN_OR_RETURN(std::unique_ptr<ReadRequest> r, start_read(ino, chunk_index, chunk_size, offset, length));
   ReplyRead reply;
   if (unread_ok && sendable_unread(*r, offset)) {

@@ -71,8 +71,9 @@ struct ChunkStoreOptions {
   // smaller writes stay buffered. 0: never. Fixed at start.
   uint32_t direct_write_min = 0;
   // Reads of a chunk at least this long move their data with O_DIRECT even when direct_io is off,
-  // unless every page of the range is in the page cache or some are dirty; reads of shorter chunks
-  // stay buffered. 0: never. Fixed at start; off where cachestat(2) is missing.
+  // unless every page of the range is in the page cache or its whole blocks hold pages not yet
+  // written back; reads of shorter chunks, and of a chunk's partial last block alone, stay
+  // buffered. 0: never. Fixed at start; off where cachestat(2) is missing.
   uint32_t direct_read_min = 0;
   // While reads of the target that wait for the disk are in progress, or one ended less than
   // `read_hold` ago, an O_DIRECT write goes to the disk in pieces of this many bytes (whole
@@ -139,7 +140,7 @@ class ChunkStore {
   // The read of a reply: read_unverified() when `unread_ok` and the range can be sent so, else
   // read() of `length` bytes into `out`, sized to them first (page-aligned from 64 KiB, so an
   // O_DIRECT read lands in it as it is) and to the bytes read after (empty on an error). One
-  // lock, open and look at the page cache per request, whichever way it goes. Errors: read()'s.
+  // lock, open and plan (plan_read) per request, whichever way it goes. Errors: read()'s.
   Result<ReplyRead> read_for_reply(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint32_t offset,
                                    uint32_t length, bool unread_ok, ByteBuffer* out);
 
@@ -232,7 +233,9 @@ class ChunkStore {
   // Opens the O_DIRECT descriptor that reads of `file` use and turns read-ahead off on its buffered
   // one. REQUIRES: as open_direct.
   void ready_direct_reads(ChunkFile& file, const std::string& path);
-  // Whether a chunk of `chunk_length` bytes reads with O_DIRECT under direct_read_min.
+  // Whether direct_read_min is in force (set, O_DIRECT taken, cachestat answering), and whether a
+  // chunk of `chunk_length` bytes then reads with O_DIRECT.
+  bool direct_reads_on() const;
   bool wants_direct_reads(uint64_t chunk_length) const;
   // How the read of whole blocks [file_offset, file_offset + length) of `file`, a chunk of
   // `chunk_length` bytes, goes: through its O_DIRECT descriptor always under direct_io, else under

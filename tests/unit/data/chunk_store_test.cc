@@ -872,6 +872,16 @@ TEST(ChunkStoreDirectReads, ColdReadsOfLongChunksBypassThePageCacheShortOnesAndC
   ASSERT_EQ(read_into(first, 0, 0), first.size());
   EXPECT_EQ(first, slice(large, 0, 4096));
   EXPECT_EQ(resident_in(large_path, data_off, data_off + (2u << 20)), 0u) << "a cold open read the data ahead";
+  // The partial last block alone: buffered (the direct path would read it buffered too), and so
+  // sendable unread.
+  const uint64_t before_tail = store.direct_reads();
+  auto tail = store.read_unverified(kIno, 0, kChunk4M, 2u << 20, 4096);
+  ASSERT_TRUE(tail.has_value() && tail->has_value()) << "a partial last block alone was not sendable unread";
+  EXPECT_EQ(bytes_of(**tail), slice(large, 2u << 20, 300));
+  std::vector<uint8_t> last(300);
+  ASSERT_EQ(read_into(last, 0, 2u << 20), last.size());
+  EXPECT_EQ(last, slice(large, 2u << 20, 300));
+  EXPECT_EQ(store.direct_reads(), before_tail) << "a partial last block alone was read with O_DIRECT";
 
   // Small buffered writes grow chunk 2 past direct_read_min: once its pages leave the page cache
   // (dropped here behind the store's back, its descriptors kept open), it reads direct.
@@ -948,9 +958,12 @@ TEST(ChunkStoreReadForReply, SendsUnreadWhereItMayAndReadsIntoTheBufferElse) {
     EXPECT_EQ(store.unbounced_reads(), 1u) << "the reply's buffer was not read into as it is";
   }
 
+  ASSERT_FALSE(out.empty());
   EXPECT_EQ(store.read_for_reply(kIno, 0, kChunk4M, kChunk4M - 4096, 8192, false, &out).status().code(),
             Code::kInvalid);
+  EXPECT_TRUE(out.empty()) << "a failed read left bytes in the reply";
   EXPECT_EQ(store.read_for_reply(InodeId{0}, 0, kChunk4M, 0, 4096, true, &out).status().code(), Code::kInvalid);
+  EXPECT_TRUE(out.empty());
 }
 
 // write_piece_while_reading: a direct write goes in pieces only while a read of the target that
