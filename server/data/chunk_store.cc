@@ -845,26 +845,23 @@ struct ChunkStore::ReadRequest {
   ReadPlan plan;
 };
 
-Result<std::unique_ptr<ChunkStore::ReadRequest>> ChunkStore::start_read(InodeId ino, uint64_t chunk_index,
-                                                                         uint32_t chunk_size, uint32_t offset,
-                                                                         uint64_t length) {
-  auto r = std::make_unique<ReadRequest>(*this, ino, chunk_index);
-  PENSTOCK_ASSIGN_OR_RETURN(r->file,
-                            open_for_read(ino, chunk_index, chunk_size, offset, length, &r->chunk_len, &r->read_started));
-  if (r->file == nullptr || offset >= r->chunk_len || length == 0) {
-    if (!r->read_started) r->reading.cancel();  // a hole: nothing read
-    return r;
+Status ChunkStore::start_read(ReadRequest& r, InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
+                              uint32_t offset, uint64_t length) {
+  PENSTOCK_ASSIGN_OR_RETURN(r.file,
+                            open_for_read(ino, chunk_index, chunk_size, offset, length, &r.chunk_len, &r.read_started));
+  if (r.file == nullptr || offset >= r.chunk_len || length == 0) {
+    if (!r.read_started) r.reading.cancel();  // a hole: nothing read
+    return Status::ok();
   }
-  r->n = std::min<uint64_t>(length, r->chunk_len - offset);
-  r->span_start = round_down(offset);
-  r->span_end = std::min(round_down(offset + r->n - 1) + kB, r->chunk_len);
-  const uint64_t data_offset = r->file->header.data_offset;
-  r->plan = plan_read(*r->file, r->chunk_len, data_offset + r->span_start, r->span_end - r->span_start,
-                      r->read_started);
+  r.n = std::min<uint64_t>(length, r.chunk_len - offset);
+  r.span_start = round_down(offset);
+  r.span_end = std::min(round_down(offset + r.n - 1) + kB, r.chunk_len);
+  const uint64_t data_offset = r.file->header.data_offset;
+  r.plan = plan_read(*r.file, r.chunk_len, data_offset + r.span_start, r.span_end - r.span_start, r.read_started);
   // A cold open has already asked for the range (start_cold_read), and pages being read in look
   // cached to cachestat: that read waits for the disk whatever it says.
-  if (!r->read_started && !r->plan.direct && r->plan.cached) r->reading.cancel();
-  return r;
+  if (!r.read_started && !r.plan.direct && r.plan.cached) r.reading.cancel();
+  return Status::ok();
 }
 
 bool ChunkStore::sendable_unread(const ReadRequest& r, uint32_t offset) {
@@ -872,18 +869,17 @@ bool ChunkStore::sendable_unread(const ReadRequest& r, uint32_t offset) {
   return r.n == 0 || (r.span_start == offset && r.span_end == offset + r.n && !r.plan.direct);
 }
 
-Result<ChunkStore::UnreadRange> ChunkStore::unread_range(InodeId ino, uint64_t chunk_index,
-                                                         std::unique_ptr<ReadRequest> r) {
+Result<ChunkStore::UnreadRange> ChunkStore::unread_range(InodeId ino, uint64_t chunk_index, ReadRequest& r) {
   UnreadRange range;
-  if (r->n == 0) return range;  // a hole
-  const OpenChunk c{r->file, r->chunk_len};
-  const uint64_t first_b = r->span_start / kB;
-  const uint64_t nb = (r->n + kB - 1) / kB;
-  const uint64_t file_offset = c.header().data_offset + r->span_start;
+  if (r.n == 0) return range;  // a hole
+  const OpenChunk c{r.file, r.chunk_len};
+  const uint64_t first_b = r.span_start / kB;
+  const uint64_t nb = (r.n + kB - 1) / kB;
+  const uint64_t file_offset = c.header().data_offset + r.span_start;
   // Start reading the bytes from disk now, so a cold read waits for the table and the data at
   // once rather than one after the other (the splice comes later); a no-op when they are cached,
   // and already done when this read opened the file.
-  if (!r->read_started) ::readahead(c.fd(), static_cast<off64_t>(file_offset), r->n);
+  if (!r.read_started) ::readahead(c.fd(), static_cast<off64_t>(file_offset), r.n);
   std::vector<uint8_t> table(nb * kTableEntrySize);
   IoOp op = table_read(c, first_b, &table);
   Status st = run_io(std::span<IoOp>(&op, 1), false);
@@ -896,7 +892,7 @@ Result<ChunkStore::UnreadRange> ChunkStore::unread_range(InodeId ino, uint64_t c
   }
   range.fd = c.fd();
   range.file_offset = file_offset;
-  range.length = static_cast<uint32_t>(r->n);
+  range.length = static_cast<uint32_t>(r.n);
   // The staging comes later: the range's keep holds the read's count (and the locks' release
   // comes now, as a write may change the bytes after this returns: the receiver re-reads on a
   // mismatch). Members end in reverse: the read's count first, then its counter, then the file.
@@ -905,7 +901,7 @@ Result<ChunkStore::UnreadRange> ChunkStore::unread_range(InodeId ino, uint64_t c
     std::shared_ptr<RecentReads> counter;
     RecentReads::Scope reading;
   };
-  range.keep = std::make_shared<const Keep>(Keep{std::move(r->file), recent_reads_, std::move(r->reading)});
+  range.keep = std::make_shared<const Keep>(Keep{std::move(r.file), recent_reads_, std::move(r.reading)});
   return range;
 }
 
@@ -988,34 +984,37 @@ Result<uint32_t> ChunkStore::read_blocks(InodeId ino, uint64_t chunk_index, cons
 Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(InodeId ino, uint64_t chunk_index,
                                                                          uint32_t chunk_size, uint32_t offset,
                                                                          uint32_t length) {
-  PENSTOCK_ASSIGN_OR_RETURN(std::unique_ptr<ReadRequest> r, start_read(ino, chunk_index, chunk_size, offset, length));
-  if (!sendable_unread(*r, offset)) {
-    if (!r->read_started) r->reading.cancel();  // read() reads it, and counts itself
+  ReadRequest r(*this, ino, chunk_index);
+  PENSTOCK_RETURN_IF_ERROR(start_read(r, ino, chunk_index, chunk_size, offset, length));
+  if (!sendable_unread(r, offset)) {
+    if (!r.read_started) r.reading.cancel();  // read() reads it, and counts itself
     return std::optional<UnreadRange>();
   }
-  PENSTOCK_ASSIGN_OR_RETURN(UnreadRange range, unread_range(ino, chunk_index, std::move(r)));
+  PENSTOCK_ASSIGN_OR_RETURN(UnreadRange range, unread_range(ino, chunk_index, r));
   return std::optional<UnreadRange>(std::move(range));
 }
 
 Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint32_t offset,
                                   std::span<uint8_t> out) {
-  PENSTOCK_ASSIGN_OR_RETURN(std::unique_ptr<ReadRequest> r, start_read(ino, chunk_index, chunk_size, offset, out.size()));
-  return read_blocks(ino, chunk_index, *r, offset, out);
+  ReadRequest r(*this, ino, chunk_index);
+  PENSTOCK_RETURN_IF_ERROR(start_read(r, ino, chunk_index, chunk_size, offset, out.size()));
+  return read_blocks(ino, chunk_index, r, offset, out);
 }
 
 Result<ChunkStore::ReplyRead> ChunkStore::read_for_reply(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
                                                          uint32_t offset, uint32_t length, bool unread_ok,
                                                          ByteBuffer* out) {
   out->clear();
-  PENSTOCK_ASSIGN_OR_RETURN(std::unique_ptr<ReadRequest> r, start_read(ino, chunk_index, chunk_size, offset, length));
+  ReadRequest r(*this, ino, chunk_index);
+  PENSTOCK_RETURN_IF_ERROR(start_read(r, ino, chunk_index, chunk_size, offset, length));
   ReplyRead reply;
-  if (unread_ok && sendable_unread(*r, offset)) {
-    PENSTOCK_ASSIGN_OR_RETURN(UnreadRange range, unread_range(ino, chunk_index, std::move(r)));
+  if (unread_ok && sendable_unread(r, offset)) {
+    PENSTOCK_ASSIGN_OR_RETURN(UnreadRange range, unread_range(ino, chunk_index, r));
     reply.unread = std::move(range);
     return reply;
   }
-  out->resize(r->n);
-  auto n = read_blocks(ino, chunk_index, *r, offset, std::span<uint8_t>(out->data(), out->size()));
+  out->resize(r.n);
+  auto n = read_blocks(ino, chunk_index, r, offset, std::span<uint8_t>(out->data(), out->size()));
   if (!n.has_value()) {
     out->clear();
     return n.error();

@@ -248,15 +248,16 @@ class ChunkStore {
   };
   ReadPlan plan_read(const ChunkFile& file, uint64_t chunk_length, uint64_t file_offset, uint64_t length,
                      bool opened_cold) const;
-  // One read in progress, from its locks to its plan (chunk_store.cc), and its steps: start_read()
-  // takes the locks, opens the chunk and plans the read; sendable_unread() says whether the range
-  // can go out unread (a hole, or whole blocks read buffered); unread_range() then gives it,
-  // read_blocks() else reads and verifies it into `out` (at least the range's bytes long).
+  // One read in progress, from its locks to its plan (chunk_store.cc; on the caller's stack, no
+  // allocation per read), and its steps: start_read() opens the chunk and plans the read;
+  // sendable_unread() says whether the range can go out unread (a hole, or whole blocks read
+  // buffered); unread_range() then gives it (the open file and the read's count move into its
+  // keep), read_blocks() else reads and verifies it into `out` (at least the range's bytes long).
   struct ReadRequest;
-  Result<std::unique_ptr<ReadRequest>> start_read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
-                                                  uint32_t offset, uint64_t length);
+  Status start_read(ReadRequest& r, InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint32_t offset,
+                    uint64_t length);
   static bool sendable_unread(const ReadRequest& r, uint32_t offset);
-  Result<UnreadRange> unread_range(InodeId ino, uint64_t chunk_index, std::unique_ptr<ReadRequest> r);
+  Result<UnreadRange> unread_range(InodeId ino, uint64_t chunk_index, ReadRequest& r);
   Result<uint32_t> read_blocks(InodeId ino, uint64_t chunk_index, const ReadRequest& r, uint32_t offset,
                                std::span<uint8_t> out);
 
