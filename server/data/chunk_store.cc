@@ -830,9 +830,13 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::open_for_read(InodeId ino, uint64
 // hole.
 struct ChunkStore::ReadRequest {
   ReadRequest(ChunkStore& store, InodeId ino, uint64_t chunk_index)
-      : inode_guard(store.inode_locks_.lock_shared(ino.value)),
+      : ino(ino),
+        chunk_index(chunk_index),
+        inode_guard(store.inode_locks_.lock_shared(ino.value)),
         chunk_guard(store.chunk_locks_.lock_shared({ino.value, chunk_index})),
         reading(store.recent_reads_->start()) {}
+  const InodeId ino;
+  const uint64_t chunk_index;
   LockTable<uint64_t>::Guard inode_guard;
   LockTable<std::pair<uint64_t, uint64_t>, PairHash>::Guard chunk_guard;
   RecentReads::Scope reading;
@@ -845,10 +849,9 @@ struct ChunkStore::ReadRequest {
   ReadPlan plan;
 };
 
-Status ChunkStore::start_read(ReadRequest& r, InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
-                              uint32_t offset, uint64_t length) {
-  PENSTOCK_ASSIGN_OR_RETURN(r.file,
-                            open_for_read(ino, chunk_index, chunk_size, offset, length, &r.chunk_len, &r.read_started));
+Status ChunkStore::start_read(ReadRequest& r, uint32_t chunk_size, uint32_t offset, uint64_t length) {
+  PENSTOCK_ASSIGN_OR_RETURN(r.file, open_for_read(r.ino, r.chunk_index, chunk_size, offset, length, &r.chunk_len,
+                                                  &r.read_started));
   if (r.file == nullptr || offset >= r.chunk_len || length == 0) {
     if (!r.read_started) r.reading.cancel();  // a hole: nothing read
     return Status::ok();
@@ -869,7 +872,7 @@ bool ChunkStore::sendable_unread(const ReadRequest& r, uint32_t offset) {
   return r.n == 0 || (r.span_start == offset && r.span_end == offset + r.n && !r.plan.direct);
 }
 
-Result<ChunkStore::UnreadRange> ChunkStore::unread_range(InodeId ino, uint64_t chunk_index, ReadRequest& r) {
+Result<ChunkStore::UnreadRange> ChunkStore::unread_range(ReadRequest& r) {
   UnreadRange range;
   if (r.n == 0) return range;  // a hole
   const OpenChunk c{r.file, r.chunk_len};
@@ -883,7 +886,7 @@ Result<ChunkStore::UnreadRange> ChunkStore::unread_range(InodeId ino, uint64_t c
   std::vector<uint8_t> table(nb * kTableEntrySize);
   IoOp op = table_read(c, first_b, &table);
   Status st = run_io(std::span<IoOp>(&op, 1), false);
-  if (!st.is_ok()) return st.with_context("reading the checksums of " + target_->chunk_path(ino, chunk_index));
+  if (!st.is_ok()) return st.with_context("reading the checksums of " + target_->chunk_path(r.ino, r.chunk_index));
   range.block_sums.reserve(nb * 2);
   for (uint64_t b = 0; b < nb; ++b) {
     const TableEntry e = decode_table_entry(table.data() + b * kTableEntrySize);
@@ -905,9 +908,10 @@ Result<ChunkStore::UnreadRange> ChunkStore::unread_range(InodeId ino, uint64_t c
   return range;
 }
 
-Result<uint32_t> ChunkStore::read_blocks(InodeId ino, uint64_t chunk_index, const ReadRequest& r, uint32_t offset,
-                                         std::span<uint8_t> out) {
+Result<uint32_t> ChunkStore::read_blocks(const ReadRequest& r, uint32_t offset, std::span<uint8_t> out) {
   if (r.n == 0) return 0u;
+  const InodeId ino = r.ino;
+  const uint64_t chunk_index = r.chunk_index;
   const OpenChunk c{r.file, r.chunk_len};
   const uint64_t off = offset;
   const uint64_t n = r.n;
@@ -985,20 +989,20 @@ Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(Inode
                                                                          uint32_t chunk_size, uint32_t offset,
                                                                          uint32_t length) {
   ReadRequest r(*this, ino, chunk_index);
-  PENSTOCK_RETURN_IF_ERROR(start_read(r, ino, chunk_index, chunk_size, offset, length));
+  PENSTOCK_RETURN_IF_ERROR(start_read(r, chunk_size, offset, length));
   if (!sendable_unread(r, offset)) {
     if (!r.read_started) r.reading.cancel();  // read() reads it, and counts itself
     return std::optional<UnreadRange>();
   }
-  PENSTOCK_ASSIGN_OR_RETURN(UnreadRange range, unread_range(ino, chunk_index, r));
+  PENSTOCK_ASSIGN_OR_RETURN(UnreadRange range, unread_range(r));
   return std::optional<UnreadRange>(std::move(range));
 }
 
 Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint32_t offset,
                                   std::span<uint8_t> out) {
   ReadRequest r(*this, ino, chunk_index);
-  PENSTOCK_RETURN_IF_ERROR(start_read(r, ino, chunk_index, chunk_size, offset, out.size()));
-  return read_blocks(ino, chunk_index, r, offset, out);
+  PENSTOCK_RETURN_IF_ERROR(start_read(r, chunk_size, offset, out.size()));
+  return read_blocks(r, offset, out);
 }
 
 Result<ChunkStore::ReplyRead> ChunkStore::read_for_reply(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
@@ -1006,15 +1010,15 @@ Result<ChunkStore::ReplyRead> ChunkStore::read_for_reply(InodeId ino, uint64_t c
                                                          ByteBuffer* out) {
   out->clear();
   ReadRequest r(*this, ino, chunk_index);
-  PENSTOCK_RETURN_IF_ERROR(start_read(r, ino, chunk_index, chunk_size, offset, length));
+  PENSTOCK_RETURN_IF_ERROR(start_read(r, chunk_size, offset, length));
   ReplyRead reply;
   if (unread_ok && sendable_unread(r, offset)) {
-    PENSTOCK_ASSIGN_OR_RETURN(UnreadRange range, unread_range(ino, chunk_index, r));
+    PENSTOCK_ASSIGN_OR_RETURN(UnreadRange range, unread_range(r));
     reply.unread = std::move(range);
     return reply;
   }
   out->resize(r.n);
-  auto n = read_blocks(ino, chunk_index, r, offset, std::span<uint8_t>(out->data(), out->size()));
+  auto n = read_blocks(r, offset, std::span<uint8_t>(out->data(), out->size()));
   if (!n.has_value()) {
     out->clear();
     return n.error();

@@ -254,12 +254,10 @@ class ChunkStore {
   // buffered); unread_range() then gives it (the open file and the read's count move into its
   // keep), read_blocks() else reads and verifies it into `out` (at least the range's bytes long).
   struct ReadRequest;
-  Status start_read(ReadRequest& r, InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint32_t offset,
-                    uint64_t length);
+  Status start_read(ReadRequest& r, uint32_t chunk_size, uint32_t offset, uint64_t length);
   static bool sendable_unread(const ReadRequest& r, uint32_t offset);
-  Result<UnreadRange> unread_range(InodeId ino, uint64_t chunk_index, ReadRequest& r);
-  Result<uint32_t> read_blocks(InodeId ino, uint64_t chunk_index, const ReadRequest& r, uint32_t offset,
-                               std::span<uint8_t> out);
+  Result<UnreadRange> unread_range(ReadRequest& r);
+  Result<uint32_t> read_blocks(const ReadRequest& r, uint32_t offset, std::span<uint8_t> out);
 
   std::shared_ptr<Target> target_;
   const ChunkStoreOptions options_;
