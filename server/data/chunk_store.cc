@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -187,11 +188,15 @@ Status validate_common(InodeId ino, uint32_t chunk_size) {
 
 // An open chunk file: the buffered descriptor (header, table, everything when direct I/O is off),
 // the O_DIRECT one for aligned data blocks (-1 when off), and the header verified at open.
+// `header_pending`: opened by a cold read whose data moves with O_DIRECT, and the header not read
+// yet; `header` then holds what it must be (the request's chunk size), and the file is not cached
+// until the header on disk is read and found to be that (settle_header).
 struct ChunkStore::ChunkFile {
   Fd fd;
   Fd direct;
   ChunkHeader header;
   bool readahead_off = false;  // on `fd` (ready_direct_reads)
+  bool header_pending = false;
 };
 
 namespace {
@@ -254,11 +259,29 @@ void start_cold_read(int fd, uint32_t chunk_size, uint64_t offset, uint64_t leng
   }
 }
 
+// The header of chunk (ino, index) from the first kChunkHeaderSize bytes of its file at `path`.
+// kNotFound when they are all zero (a crash between create and the first fsync), kCorrupt when
+// they do not decode or name another chunk.
+Result<ChunkHeader> check_header(const std::string& path, InodeId ino, uint64_t index, std::span<const uint8_t> hdr) {
+  if (std::all_of(hdr.begin(), hdr.end(), [](uint8_t b) { return b == 0; })) {
+    return Status(Code::kNotFound, chunk_name(ino, index) + " was never written");
+  }
+  auto h = decode_chunk_header(hdr);
+  if (!h.has_value()) return h.error().with_context(path);
+  if (h->ino != ino.value || h->chunk_index != index) {
+    return Status(Code::kCorrupt, path + " holds the header of chunk " + std::to_string(h->ino) + "/" +
+                                      std::to_string(h->chunk_index));
+  }
+  return *h;
+}
+
 // Opens an existing chunk and validates its header. kNotFound when there is none: a missing file,
 // or one whose header was never written (a crash between create and the first fsync). `cold`,
 // when given, is the read that opens it (start_cold_read); when the chunk is at least `direct_from`
 // bytes long (0: never), its data will be read with O_DIRECT, so only the header and the checksum
-// table are read ahead. *size_out: the file's size.
+// table are read ahead, and the header is left to be read with that data (header_pending): one
+// wait for the disk instead of one for the header and one for the data after it. *size_out: the
+// file's size.
 Result<std::shared_ptr<ChunkFile>> open_chunk_file(const Target& t, InodeId ino, uint64_t index,
                                                    const ChunkStore::ReadRange* cold, uint64_t direct_from,
                                                    uint64_t* size_out) {
@@ -274,32 +297,25 @@ Result<std::shared_ptr<ChunkFile>> open_chunk_file(const Target& t, InodeId ino,
   if (::fstat(fd, &st) != 0) return errno_error(errno, "cannot stat " + path);
   uint64_t size = static_cast<uint64_t>(st.st_size);
   *size_out = size;
-  if (cold != nullptr) {
-    const uint64_t data_offset = make_chunk_header(0, 0, cold->chunk_size).data_offset;
-    if (direct_from > 0 && size >= data_offset + direct_from) {
-      ::readahead(fd, 0, data_offset);  // the header and the whole table
-    } else {
-      start_cold_read(fd, cold->chunk_size, cold->offset, cold->length);
-    }
-  }
-  std::vector<uint8_t> hdr(kChunkHeaderSize, 0);
   if (size < kChunkHeaderSize) {
     if (size == 0) return Status(Code::kNotFound, chunk_name(ino, index) + " was never written");
     return Status(Code::kCorrupt, path + " is shorter than a chunk header");
   }
+  if (cold != nullptr) {
+    const ChunkHeader expected = make_chunk_header(ino.value, index, cold->chunk_size);
+    if (direct_from > 0 && size >= expected.data_offset + direct_from) {
+      ::readahead(fd, 0, expected.data_offset);  // the header and the whole table
+      file->header = expected;
+      file->header_pending = true;
+      return file;
+    }
+    start_cold_read(fd, cold->chunk_size, cold->offset, cold->length);
+  }
+  std::vector<uint8_t> hdr(kChunkHeaderSize, 0);
   IoOp op = IoOp::read(fd, 0, {std::span<uint8_t>(hdr)});
   Status st_read = run_io(std::span<IoOp>(&op, 1), false);
   if (!st_read.is_ok()) return st_read.with_context("reading the header of " + path);
-  if (std::all_of(hdr.begin(), hdr.end(), [](uint8_t b) { return b == 0; })) {
-    return Status(Code::kNotFound, chunk_name(ino, index) + " was never written");
-  }
-  auto h = decode_chunk_header(hdr);
-  if (!h.has_value()) return h.error().with_context(path);
-  if (h->ino != ino.value || h->chunk_index != index) {
-    return Status(Code::kCorrupt, path + " holds the header of chunk " + std::to_string(h->ino) + "/" +
-                                      std::to_string(h->chunk_index));
-  }
-  file->header = *h;
+  PENSTOCK_ASSIGN_OR_RETURN(file->header, check_header(path, ino, index, hdr));
   return file;
 }
 
@@ -319,12 +335,13 @@ Result<OpenChunk> with_length(const Target& t, InodeId ino, uint64_t index, std:
   return c;
 }
 
+Status chunk_size_mismatch(InodeId ino, uint64_t index, uint32_t stored, uint32_t asked) {
+  return Status(Code::kInvalid, chunk_name(ino, index) + " was created with chunk size " + std::to_string(stored) +
+                                    ", request says " + std::to_string(asked));
+}
+
 Status check_chunk_size(const OpenChunk& c, InodeId ino, uint64_t index, uint32_t chunk_size) {
-  if (c.header().chunk_size != chunk_size) {
-    return Status(Code::kInvalid, chunk_name(ino, index) + " was created with chunk size " +
-                                      std::to_string(c.header().chunk_size) + ", request says " +
-                                      std::to_string(chunk_size));
-  }
+  if (c.header().chunk_size != chunk_size) return chunk_size_mismatch(ino, index, c.header().chunk_size, chunk_size);
   return Status::ok();
 }
 
@@ -542,8 +559,27 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::acquire(InodeId ino, uint64_t chu
   if (options_.direct_io || wants_direct_reads(size - std::min<uint64_t>(size, file->header.data_offset))) {
     ready_direct_reads(*file, target_->chunk_path(ino, chunk_index));
   }
-  remember(ino, chunk_index, file);
+  if (!file->header_pending) remember(ino, chunk_index, file);  // else settle_header() does
   return file;
+}
+
+Status ChunkStore::settle_header(InodeId ino, uint64_t chunk_index, const std::shared_ptr<ChunkFile>& file,
+                                 std::span<const uint8_t> hdr) {
+  PENSTOCK_ASSIGN_OR_RETURN(const ChunkHeader h, check_header(target_->chunk_path(ino, chunk_index), ino, chunk_index, hdr));
+  // check_header's decode checks the offsets against the chunk size, so an equal chunk size means
+  // the header the read assumed.
+  if (h.chunk_size != file->header.chunk_size) return chunk_size_mismatch(ino, chunk_index, h.chunk_size, file->header.chunk_size);
+  file->header_pending = false;
+  remember(ino, chunk_index, file);
+  return Status::ok();
+}
+
+Status ChunkStore::read_header_now(InodeId ino, uint64_t chunk_index, const std::shared_ptr<ChunkFile>& file) {
+  std::array<uint8_t, kChunkHeaderSize> hdr{};
+  IoOp op = IoOp::read(file->fd.get(), 0, {std::span<uint8_t>(hdr)});
+  Status st = run_io(std::span<IoOp>(&op, 1), false);
+  if (!st.is_ok()) return st.with_context("reading the header of " + target_->chunk_path(ino, chunk_index));
+  return settle_header(ino, chunk_index, file, hdr);
 }
 
 void ChunkStore::ready_direct_reads(ChunkFile& file, const std::string& path) {
@@ -817,10 +853,18 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::open_for_read(InodeId ino, uint64
     if (file.error().code() == Code::kNotFound) return std::shared_ptr<ChunkFile>();
     return file.error();
   }
-  PENSTOCK_ASSIGN_OR_RETURN(OpenChunk c, with_length(*target_, ino, chunk_index, std::move(*file)));
-  PENSTOCK_RETURN_IF_ERROR(check_chunk_size(c, ino, chunk_index, chunk_size));
-  *chunk_length = c.length;
-  return std::move(c.file);
+  auto c = with_length(*target_, ino, chunk_index, *file);
+  if (!c.has_value() && (*file)->header_pending) {
+    // A size no chunk of the request's chunk size can have: the header says why (another chunk
+    // size, damage, never written), and is read now.
+    Status st = read_header_now(ino, chunk_index, *file);
+    if (st.code() == Code::kNotFound) return std::shared_ptr<ChunkFile>();
+    PENSTOCK_RETURN_IF_ERROR(st);
+  }
+  if (!c.has_value()) return c.error();
+  PENSTOCK_RETURN_IF_ERROR(check_chunk_size(*c, ino, chunk_index, chunk_size));
+  *chunk_length = c->length;
+  return std::move(c->file);
 }
 
 // One read, under the inode and chunk locks held shared: the chunk opened, the range's whole
@@ -852,15 +896,28 @@ struct ChunkStore::ReadRequest {
 Status ChunkStore::start_read(ReadRequest& r, uint32_t chunk_size, uint32_t offset, uint64_t length) {
   PENSTOCK_ASSIGN_OR_RETURN(r.file, open_for_read(r.ino, r.chunk_index, chunk_size, offset, length, &r.chunk_len,
                                                   &r.read_started));
-  if (r.file == nullptr || offset >= r.chunk_len || length == 0) {
+  if (r.file != nullptr && offset < r.chunk_len && length > 0) {
+    r.n = std::min<uint64_t>(length, r.chunk_len - offset);
+    r.span_start = round_down(offset);
+    r.span_end = std::min(round_down(offset + r.n - 1) + kB, r.chunk_len);
+    const uint64_t data_offset = r.file->header.data_offset;
+    r.plan = plan_read(*r.file, r.chunk_len, data_offset + r.span_start, r.span_end - r.span_start, r.read_started);
+  }
+  // A header left to the O_DIRECT read of the data (open_chunk_file) is read now when no such read
+  // follows: the range is cached, has pages to be written back, or is past the end.
+  if (r.file != nullptr && r.file->header_pending && !(r.n > 0 && r.plan.direct)) {
+    Status st = read_header_now(r.ino, r.chunk_index, r.file);
+    if (st.code() == Code::kNotFound) {
+      r.file = nullptr;
+      r.n = 0;
+    } else if (!st.is_ok()) {
+      return st;
+    }
+  }
+  if (r.n == 0) {
     if (!r.read_started) r.reading.cancel();  // a hole: nothing read
     return Status::ok();
   }
-  r.n = std::min<uint64_t>(length, r.chunk_len - offset);
-  r.span_start = round_down(offset);
-  r.span_end = std::min(round_down(offset + r.n - 1) + kB, r.chunk_len);
-  const uint64_t data_offset = r.file->header.data_offset;
-  r.plan = plan_read(*r.file, r.chunk_len, data_offset + r.span_start, r.span_end - r.span_start, r.read_started);
   // A cold open has already asked for the range (start_cold_read), and pages being read in look
   // cached to cachestat: that read waits for the disk whatever it says.
   if (!r.read_started && !r.plan.direct && r.plan.cached) r.reading.cancel();
@@ -936,6 +993,10 @@ Result<uint32_t> ChunkStore::read_blocks(const ReadRequest& r, uint32_t offset, 
     ++direct_reads_;
     if (as_is) ++unbounced_reads_;
     std::vector<IoOp> ops{table_read(c, first_b, &table)};
+    // A cold open's header is read in this batch (header_pending): checked before any byte is used.
+    std::array<uint8_t, kChunkHeaderSize> hdr{};
+    const bool with_header = c.file->header_pending;
+    if (with_header) ops.push_back(IoOp::read(c.fd(), 0, {std::span<uint8_t>(hdr)}));
     if (direct_end > span_start) {
       ops.push_back(IoOp::read(c.file->direct.get(), c.header().data_offset + span_start,
                                {span.first(direct_end - span_start)}));
@@ -945,6 +1006,12 @@ Result<uint32_t> ChunkStore::read_blocks(const ReadRequest& r, uint32_t offset, 
     }
     Status st = run_io(ops, false);
     if (!st.is_ok()) return st.with_context("reading " + target_->chunk_path(ino, chunk_index));
+    if (with_header) {
+      st = settle_header(ino, chunk_index, c.file, hdr);
+      if (st.code() == Code::kNotFound) return 0u;  // never written: a hole, as open_chunk_file says
+      PENSTOCK_RETURN_IF_ERROR(st);
+      ++joined_header_reads_;
+    }
     for (uint64_t b = first_b; b <= last_b; ++b) {
       const uint64_t bstart = b * kB;
       const uint64_t bend = std::min(bstart + kB, c.length);
@@ -1023,6 +1090,7 @@ Result<ChunkStore::ReplyRead> ChunkStore::read_for_reply(InodeId ino, uint64_t c
     out->clear();
     return n.error();
   }
+  out->resize(*n);  // fewer only for a chunk found never written (a hole)
   reply.length = *n;
   return reply;
 }

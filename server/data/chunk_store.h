@@ -9,7 +9,10 @@
 // using it: eviction or drop_caches() never closes a descriptor under a running request. Only this
 // store changes chunk files, so an entry stays valid until truncate/remove of its inode (which hold
 // the inode lock exclusively, so no request of that inode runs) drop it. The length is read with
-// fstat on every request; the header is verified once, when the file is opened.
+// fstat on every request; the header is verified once, when the file is opened, or, for a cold
+// read whose data moves with O_DIRECT, in the same batch as that data (one wait for the disk, not
+// one for the header and one for the data), before any byte of it is used. A file enters the cache
+// only with its header verified.
 //
 // With ChunkStoreOptions::direct_io, chunk data moves with O_DIRECT through a 4 KiB-aligned
 // per-thread buffer (the header and checksum table stay buffered: they are small and not aligned);
@@ -186,6 +189,9 @@ class ChunkStore {
   // buffer (aligned, whole blocks) rather than through the bounce buffer (tests).
   uint64_t direct_reads() const { return direct_reads_.load(); }
   uint64_t unbounced_reads() const { return unbounced_reads_.load(); }
+  // O_DIRECT reads of a file just opened that read and checked its header in their own batch
+  // (tests).
+  uint64_t joined_header_reads() const { return joined_header_reads_.load(); }
   // The pieces of the O_DIRECT writes that went in pieces because reads were recent, the last,
   // shorter one of each included (tests).
   uint64_t write_pieces() const { return write_pieces_.load(); }
@@ -211,7 +217,8 @@ class ChunkStore {
   using Key = std::pair<uint64_t, uint64_t>;  // (inode, chunk index)
 
   Status cut_chunk(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint64_t keep);
-  // The open file of a chunk: from the cache, else opened (and cached). kNotFound when missing.
+  // The open file of a chunk: from the cache, else opened (and cached, unless the open left its
+  // header to the read's O_DIRECT batch: header_pending). kNotFound when missing.
   // `cold`: the read this is for, whose bytes an open starts reading at once (null: no read);
   // *read_started (if given) says whether it did (the file was opened here).
   // REQUIRES: the chunk's lock (either mode) and the inode lock held.
@@ -222,6 +229,13 @@ class ChunkStore {
                                                    bool* read_started = nullptr);
   // Caches a file just created. REQUIRES: the chunk lock held exclusively.
   void remember(InodeId ino, uint64_t chunk_index, std::shared_ptr<ChunkFile> file);
+  // For a file opened with its header pending: checks `hdr`, the first kChunkHeaderSize bytes read
+  // from it, against the header the open assumed, and caches the file when they agree. Errors:
+  // kNotFound (never written), kCorrupt, kInvalid (created with another chunk size).
+  // read_header_now() reads them first (a wait for the disk of its own). REQUIRES: as acquire.
+  Status settle_header(InodeId ino, uint64_t chunk_index, const std::shared_ptr<ChunkFile>& file,
+                       std::span<const uint8_t> hdr);
+  Status read_header_now(InodeId ino, uint64_t chunk_index, const std::shared_ptr<ChunkFile>& file);
   // Drops one chunk's / every chunk's of `ino` cache entry. REQUIRES: the chunk lock exclusive /
   // the inode lock exclusive (no request of theirs runs).
   void forget(InodeId ino, uint64_t chunk_index);
@@ -268,6 +282,7 @@ class ChunkStore {
   std::atomic<uint64_t> unbounced_writes_{0};
   std::atomic<uint64_t> direct_reads_{0};
   std::atomic<uint64_t> unbounced_reads_{0};
+  std::atomic<uint64_t> joined_header_reads_{0};
   std::atomic<bool> direct_warned_{false};
   std::atomic<uint64_t> write_pieces_{0};
   // Shared with the keep of every range read_unverified() returned, which may outlive this store.

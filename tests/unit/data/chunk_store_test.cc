@@ -338,6 +338,43 @@ TEST_P(ChunkStoreTest, CorruptHeaderIsCorrupt) {
   EXPECT_EQ(store_->write(kIno, 0, kChunk4M, 0, pattern(10, 16)).status().code(), Code::kCorrupt);
 }
 
+// A cold read whose data moves with O_DIRECT reads the chunk's header in the batch with that data
+// (joined_header_reads) rather than before it. Every fault a header can hold is still found before
+// a byte is returned, past the end of the chunk too, and a file enters the open-file cache only
+// once its header checked out.
+TEST_P(ChunkStoreTest, AColdOpenChecksItsHeaderBeforeAnyByteIsReturned) {
+  const auto d = pattern(3 * 4096 + 100, 61);  // long enough for direct_read_min 8192
+  for (uint64_t i = 0; i < 5; ++i) write(i, 0, d);
+  write(5, 0, pattern(100u << 10, 62));
+  std::vector<uint8_t> header0(kChunkHeaderSize);
+  {
+    std::FILE* f = std::fopen(path(0).c_str(), "rb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fread(header0.data(), 1, header0.size(), f), header0.size());
+    std::fclose(f);
+  }
+  poke(path(1), 0, header0);  // another chunk's header
+  flip_byte(path(2), 20);     // damaged
+  poke(path(3), 0, std::vector<uint8_t>(kChunkHeaderSize, 0));  // never written
+  ASSERT_TRUE(store_->drop_caches().has_value());
+  const uint64_t joined = store_->joined_header_reads();
+
+  EXPECT_EQ(read_code(1, 0, 4096), Code::kCorrupt);
+  EXPECT_EQ(read_code(2, 0, 4096), Code::kCorrupt);
+  EXPECT_EQ(read_code(2, 20000, 100), Code::kCorrupt) << "past the end, the header is still checked";
+  EXPECT_EQ(read(3, 0, 4096).size(), 0u) << "a chunk whose header was never written reads as missing";
+  EXPECT_EQ(store_->cached_files(), 0u) << "a file whose header failed (or was not read) was cached";
+  EXPECT_EQ(read(0, 0, static_cast<uint32_t>(d.size())), d);
+  EXPECT_EQ(store_->cached_files(), GetParam().fd_cache > 0 ? 1u : 0u);
+  EXPECT_EQ(store_->joined_header_reads() - joined, uncached_reads_direct(d.size()) ? 1u : 0u);
+  EXPECT_EQ(read(0, 4096, 4096), std::vector<uint8_t>(d.begin() + 4096, d.begin() + 8192));
+  // Another chunk size than the chunk's (64 KiB): found in the header read with the data, and
+  // where the file is too long for a chunk of that size, before it.
+  std::vector<uint8_t> out(4096);
+  EXPECT_EQ(store_->read(kIno, 4, kChunk64K, 0, out).status().code(), Code::kInvalid);
+  EXPECT_EQ(store_->read(kIno, 5, kChunk64K, 0, out).status().code(), Code::kInvalid);
+}
+
 TEST_P(ChunkStoreTest, CrashBetweenTableAndDataLeavesOldBytesReadable) {
   // After an update the table holds the new checksum and the old one; if the process died before
   // the data write landed, the old bytes are on disk and must still verify.
