@@ -275,6 +275,14 @@ Result<ChunkHeader> check_header(const std::string& path, InodeId ino, uint64_t 
   return *h;
 }
 
+// Reads the first kChunkHeaderSize bytes of the chunk file `fd` (at `path`) into `hdr`.
+Status read_header_bytes(int fd, const std::string& path, std::span<uint8_t, kChunkHeaderSize> hdr) {
+  IoOp op = IoOp::read(fd, 0, {std::span<uint8_t>(hdr)});
+  Status st = run_io(std::span<IoOp>(&op, 1), false);
+  if (!st.is_ok()) return st.with_context("reading the header of " + path);
+  return Status::ok();
+}
+
 // Opens an existing chunk and validates its header. kNotFound when there is none: a missing file,
 // or one whose header was never written (a crash between create and the first fsync). `cold`,
 // when given, is the read that opens it (start_cold_read); when the chunk is at least `direct_from`
@@ -311,19 +319,24 @@ Result<std::shared_ptr<ChunkFile>> open_chunk_file(const Target& t, InodeId ino,
     }
     start_cold_read(fd, cold->chunk_size, cold->offset, cold->length);
   }
-  std::vector<uint8_t> hdr(kChunkHeaderSize, 0);
-  IoOp op = IoOp::read(fd, 0, {std::span<uint8_t>(hdr)});
-  Status st_read = run_io(std::span<IoOp>(&op, 1), false);
-  if (!st_read.is_ok()) return st_read.with_context("reading the header of " + path);
+  std::array<uint8_t, kChunkHeaderSize> hdr{};
+  PENSTOCK_RETURN_IF_ERROR(read_header_bytes(fd, path, hdr));
   PENSTOCK_ASSIGN_OR_RETURN(file->header, check_header(path, ino, index, hdr));
   return file;
 }
 
-// The chunk's length now (file size minus the data offset), checked against its header.
-Result<OpenChunk> with_length(const Target& t, InodeId ino, uint64_t index, std::shared_ptr<ChunkFile> file) {
-  struct stat st {};
-  if (::fstat(file->fd.get(), &st) != 0) return errno_error(errno, "cannot stat " + t.chunk_path(ino, index));
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+// The chunk's length now (file size minus the data offset), checked against its header. `known`:
+// the file's size when the caller has just read it (a fresh open), else it is read here.
+Result<OpenChunk> with_length(const Target& t, InodeId ino, uint64_t index, std::shared_ptr<ChunkFile> file,
+                              std::optional<uint64_t> known = std::nullopt) {
+  uint64_t size = 0;
+  if (known.has_value()) {
+    size = *known;
+  } else {
+    struct stat st {};
+    if (::fstat(file->fd.get(), &st) != 0) return errno_error(errno, "cannot stat " + t.chunk_path(ino, index));
+    size = static_cast<uint64_t>(st.st_size);
+  }
   const ChunkHeader& h = file->header;
   if (size < h.data_offset || size - h.data_offset > h.chunk_size) {
     return Status(Code::kCorrupt, t.chunk_path(ino, index) + " has a size (" + std::to_string(size) +
@@ -540,7 +553,7 @@ void ChunkStore::open_direct(ChunkFile& file, const std::string& path) {
 }
 
 Result<std::shared_ptr<ChunkFile>> ChunkStore::acquire(InodeId ino, uint64_t chunk_index, const ReadRange* cold,
-                                                        bool* read_started) {
+                                                        std::optional<uint64_t>* opened_size) {
   const Key key{ino.value, chunk_index};
   if (options_.fd_cache > 0) {
     std::lock_guard<std::mutex> g(fd_mu_);
@@ -555,7 +568,7 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::acquire(InodeId ino, uint64_t chu
   const uint64_t direct_from = !direct_.load() ? 0 : options_.direct_io ? 1 : direct_reads_on() ? direct_read_min_ : 0;
   PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file,
                             open_chunk_file(*target_, ino, chunk_index, cold, direct_from, &size));
-  if (read_started != nullptr) *read_started = cold != nullptr;
+  if (opened_size != nullptr) *opened_size = size;
   if (options_.direct_io || wants_direct_reads(size - std::min<uint64_t>(size, file->header.data_offset))) {
     ready_direct_reads(*file, target_->chunk_path(ino, chunk_index));
   }
@@ -576,9 +589,7 @@ Status ChunkStore::settle_header(InodeId ino, uint64_t chunk_index, const std::s
 
 Status ChunkStore::read_header_now(InodeId ino, uint64_t chunk_index, const std::shared_ptr<ChunkFile>& file) {
   std::array<uint8_t, kChunkHeaderSize> hdr{};
-  IoOp op = IoOp::read(file->fd.get(), 0, {std::span<uint8_t>(hdr)});
-  Status st = run_io(std::span<IoOp>(&op, 1), false);
-  if (!st.is_ok()) return st.with_context("reading the header of " + target_->chunk_path(ino, chunk_index));
+  PENSTOCK_RETURN_IF_ERROR(read_header_bytes(file->fd.get(), target_->chunk_path(ino, chunk_index), hdr));
   return settle_header(ino, chunk_index, file, hdr);
 }
 
@@ -651,7 +662,8 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
   auto chunk_guard = chunk_locks_.lock({ino.value, chunk_index});
 
   bool created = false;
-  auto file = acquire(ino, chunk_index);
+  std::optional<uint64_t> opened_size;
+  auto file = acquire(ino, chunk_index, nullptr, &opened_size);
   if (!file.has_value() && file.error().code() == Code::kNotFound) {
     file = create_chunk(*target_, ino, chunk_index, chunk_size, offset == 0 ? data.size() : 0);
     created = true;
@@ -660,7 +672,7 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
   const std::string path = target_->chunk_path(ino, chunk_index);
   const bool direct_write =
       options_.direct_io || (options_.direct_write_min > 0 && data.size() >= options_.direct_write_min);
-  PENSTOCK_ASSIGN_OR_RETURN(OpenChunk c, with_length(*target_, ino, chunk_index, *file));
+  PENSTOCK_ASSIGN_OR_RETURN(OpenChunk c, with_length(*target_, ino, chunk_index, *file, opened_size));
   PENSTOCK_RETURN_IF_ERROR(check_chunk_size(c, ino, chunk_index, chunk_size));
   // Under the exclusive chunk lock: no reader of this chunk looks at the descriptors meanwhile. A
   // chunk this write makes long enough gets the descriptor its later reads use.
@@ -848,12 +860,14 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::open_for_read(InodeId ino, uint64
   }
   // A chunk whose data is read with O_DIRECT gets only its table read ahead (open_chunk_file).
   const ReadRange range{chunk_size, offset, length};
-  auto file = acquire(ino, chunk_index, &range, read_started);
+  std::optional<uint64_t> opened_size;
+  auto file = acquire(ino, chunk_index, &range, &opened_size);
+  if (read_started != nullptr) *read_started = opened_size.has_value();
   if (!file.has_value()) {
     if (file.error().code() == Code::kNotFound) return std::shared_ptr<ChunkFile>();
     return file.error();
   }
-  auto c = with_length(*target_, ino, chunk_index, *file);
+  auto c = with_length(*target_, ino, chunk_index, *file, opened_size);
   if (!c.has_value() && (*file)->header_pending) {
     // A size no chunk of the request's chunk size can have: the header says why (another chunk
     // size, damage, never written), and is read now.
@@ -1097,9 +1111,10 @@ Result<ChunkStore::ReplyRead> ChunkStore::read_for_reply(InodeId ino, uint64_t c
 
 Status ChunkStore::cut_chunk(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint64_t keep) {
   auto chunk_guard = chunk_locks_.lock({ino.value, chunk_index});
-  auto file = acquire(ino, chunk_index);
+  std::optional<uint64_t> opened_size;
+  auto file = acquire(ino, chunk_index, nullptr, &opened_size);
   if (!file.has_value()) return file.error().code() == Code::kNotFound ? Status::ok() : file.error();
-  PENSTOCK_ASSIGN_OR_RETURN(OpenChunk c, with_length(*target_, ino, chunk_index, std::move(*file)));
+  PENSTOCK_ASSIGN_OR_RETURN(OpenChunk c, with_length(*target_, ino, chunk_index, std::move(*file), opened_size));
   PENSTOCK_RETURN_IF_ERROR(check_chunk_size(c, ino, chunk_index, chunk_size));
   if (keep >= c.length) return Status::ok();
   const std::string path = target_->chunk_path(ino, chunk_index);
@@ -1225,8 +1240,9 @@ Status ChunkStore::sync(InodeId ino) {
 Result<uint64_t> ChunkStore::chunk_length(InodeId ino, uint64_t chunk_index) {
   auto inode_guard = inode_locks_.lock_shared(ino.value);
   auto chunk_guard = chunk_locks_.lock_shared({ino.value, chunk_index});
-  PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file, acquire(ino, chunk_index));
-  PENSTOCK_ASSIGN_OR_RETURN(OpenChunk c, with_length(*target_, ino, chunk_index, std::move(file)));
+  std::optional<uint64_t> opened_size;
+  PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file, acquire(ino, chunk_index, nullptr, &opened_size));
+  PENSTOCK_ASSIGN_OR_RETURN(OpenChunk c, with_length(*target_, ino, chunk_index, std::move(file), opened_size));
   return c.length;
 }
 

@@ -220,10 +220,11 @@ class ChunkStore {
   // The open file of a chunk: from the cache, else opened (and cached, unless the open left its
   // header to the read's O_DIRECT batch: header_pending). kNotFound when missing.
   // `cold`: the read this is for, whose bytes an open starts reading at once (null: no read);
-  // *read_started (if given) says whether it did (the file was opened here).
+  // *opened_size (if given) is set to the file's size when the file was opened here (and so the
+  // read started), left empty for one from the cache.
   // REQUIRES: the chunk's lock (either mode) and the inode lock held.
   Result<std::shared_ptr<ChunkFile>> acquire(InodeId ino, uint64_t chunk_index, const ReadRange* cold = nullptr,
-                                             bool* read_started = nullptr);
+                                             std::optional<uint64_t>* opened_size = nullptr);
   Result<std::shared_ptr<ChunkFile>> open_for_read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
                                                    uint32_t offset, uint64_t length, uint64_t* chunk_length,
                                                    bool* read_started = nullptr);
