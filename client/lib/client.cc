@@ -981,7 +981,7 @@ constexpr int kVerifiedReadAttempts = 3;
 }  // namespace
 
 Status Client::read_ranges(InodeId ino, const proto::Layout& layout,
-                           const std::vector<std::pair<uint64_t, std::span<uint8_t>>>& ranges) {
+                           const std::vector<std::pair<uint64_t, std::span<uint8_t>>>& ranges, bool sequential) {
   struct Piece {
     ChunkIo io;
     std::span<uint8_t> dst;
@@ -1016,6 +1016,7 @@ Status Client::read_ranges(InodeId ino, const proto::Layout& layout,
       // The last attempt lets the server verify under its chunk lock: a block that keeps failing
       // on a busy chunk is then told apart from one damaged on disk.
       req.verify_at_client = attempt < kVerifiedReadAttempts;
+      req.sequential = sequential;
       rpc::CallOptions opts;
       opts.bulk_in = pieces[i].dst;
       opts.bulk_received = &received[i];
@@ -1154,6 +1155,7 @@ void Client::fetch_block_async(InodeId ino, const proto::Layout& layout, std::sh
   req.offset = io.offset_in_chunk;
   req.length = io.length;
   req.verify_at_client = true;
+  req.sequential = true;  // the file whole, from its start
   bool closed = false;
   {
     // shutdown() waits for every reply handled here before it stops the pool.
@@ -1190,7 +1192,7 @@ void Client::fetch_block_async(InodeId ino, const proto::Layout& layout, std::sh
 
 void Client::fetch_block(InodeId ino, const proto::Layout& layout, const std::shared_ptr<CachedBlock>& block) {
   std::vector<std::pair<uint64_t, std::span<uint8_t>>> one{{block->offset(), block->buffer()}};
-  Status st = read_ranges(ino, layout, one);
+  Status st = read_ranges(ino, layout, one, true);  // read-ahead, or a small file whole
   if (!st.is_ok()) cache_->erase(ino, block);
   block->complete(std::move(st));
 }
@@ -1238,7 +1240,7 @@ Result<size_t> Client::read_pieces(InodeId ino, const proto::Layout& layout, uin
   if (n == 0) return size_t{0};
   std::span<uint8_t> out = buf.first(n);
   if (ctx == nullptr || cache_->capacity() == 0 || layout.chunk_size == 0) {
-    PENSTOCK_RETURN_IF_ERROR(read_ranges(ino, layout, {{offset, out}}));
+    PENSTOCK_RETURN_IF_ERROR(read_ranges(ino, layout, {{offset, out}}, false));
     return direct(out);
   }
   const uint64_t bs = block_size(layout);
@@ -1264,7 +1266,7 @@ Result<size_t> Client::read_pieces(InodeId ino, const proto::Layout& layout, uin
       blocks.push_back(std::move(blk));
     }
     if (blocks.empty()) {
-      PENSTOCK_RETURN_IF_ERROR(read_ranges(ino, layout, {{offset, out}}));
+      PENSTOCK_RETURN_IF_ERROR(read_ranges(ino, layout, {{offset, out}}, false));
       return direct(out);
     }
   } else {
@@ -1286,7 +1288,7 @@ Result<size_t> Client::read_pieces(InodeId ino, const proto::Layout& layout, uin
     if (!mine.empty()) {
       std::vector<std::pair<uint64_t, std::span<uint8_t>>> ranges;
       for (auto& blk : mine) ranges.emplace_back(blk->offset(), blk->buffer());
-      Status st = read_ranges(ino, layout, ranges);
+      Status st = read_ranges(ino, layout, ranges, true);
       for (auto& blk : mine) {
         if (!st.is_ok()) cache_->erase(ino, blk);
         blk->complete(st);
@@ -1307,7 +1309,7 @@ Result<size_t> Client::read_pieces(InodeId ino, const proto::Layout& layout, uin
   }
   PENSTOCK_ASSIGN_OR_RETURN(bool done, collect_pieces(std::move(blocks), offset, end, bs, out_pieces));
   if (!done) {
-    PENSTOCK_RETURN_IF_ERROR(read_ranges(ino, layout, {{offset, out}}));
+    PENSTOCK_RETURN_IF_ERROR(read_ranges(ino, layout, {{offset, out}}, advice.sequential));
     return direct(out);
   }
   return static_cast<size_t>(n);
@@ -1350,7 +1352,7 @@ void Client::finish_deferred_read(InodeId ino, const proto::Layout& layout, uint
   const bool queued = pool_->try_submit([this, ino, layout, offset, n, later] {
     std::vector<uint8_t> bytes(n);
     ReadPieces direct;
-    Status st = read_ranges(ino, layout, {{offset, std::span<uint8_t>(bytes)}});
+    Status st = read_ranges(ino, layout, {{offset, std::span<uint8_t>(bytes)}}, true);  // a stream's block
     if (!st.is_ok()) return later(st, direct);
     direct.spans.emplace_back(bytes.data(), bytes.size());
     direct.bytes = bytes.size();

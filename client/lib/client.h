@@ -405,8 +405,9 @@ class Client {
   // The writes as before write-behind: all pieces in parallel, on the data servers on return.
   Status write_now(InodeId ino, const proto::Layout& layout, uint64_t offset, std::span<const uint8_t> bytes);
   // Reads each (offset, buffer) range of the file (holes as zeros), all pieces in parallel.
+  // `sequential`: the ranges belong to a stream read ahead (ReadReq::sequential).
   Status read_ranges(InodeId ino, const proto::Layout& layout,
-                     const std::vector<std::pair<uint64_t, std::span<uint8_t>>>& ranges);
+                     const std::vector<std::pair<uint64_t, std::span<uint8_t>>>& ranges, bool sequential);
   // The pieces of [offset, end) from `blocks` (each waited for), pinned in *out: true when done,
   // false when a block was cut at an older EOF and the range must be read directly instead. The
   // first failed fetch's error (*out then cleared).

@@ -31,10 +31,14 @@ struct WriteResp { uint64_t chunk_length = 0; PENSTOCK_FIELDS(chunk_length); };
 // range, the two checksums the block may match (XXH3 64 of its bytes: current, previous), and the
 // client must check them before it uses a byte. The server chooses so only for a range that
 // starts on a block and ends on a block or at the chunk's end. Empty `block_sums`: verified.
+// `sequential`: the read belongs to a stream the client reads ahead of (its read-ahead, or a read
+// the stream's window covers), as opposed to a random sample or a read the client cannot place; a
+// data server that reads cold ranges of long chunks with O_DIRECT (--direct-read-min) keeps a
+// stream's reads in its page cache, whose read-ahead serves them better. A hint: no answer changes.
 inline constexpr uint32_t kChecksumBlock = 4096;
 struct ReadReq {
-  ChunkKey key; uint32_t offset = 0; uint32_t length = 0; bool verify_at_client = false;
-  PENSTOCK_FIELDS(key, offset, length, verify_at_client);
+  ChunkKey key; uint32_t offset = 0; uint32_t length = 0; bool verify_at_client = false; bool sequential = false;
+  PENSTOCK_FIELDS(key, offset, length, verify_at_client, sequential);
 };
 struct ReadResp { uint32_t length = 0; std::vector<uint64_t> block_sums; PENSTOCK_FIELDS(length, block_sums); };
 // A Read's response carries at most `length` bytes: the server counts them in flight from the

@@ -64,7 +64,7 @@ Result<proto::data::ReadResp> ChunkService::read(const proto::data::ReadReq& req
   const bool unread_ok = unread != nullptr && req.verify_at_client;
   PENSTOCK_ASSIGN_OR_RETURN(ChunkStore::ReplyRead r, store->read_for_reply(req.key.ino, req.key.chunk_index,
                                                                            req.key.chunk_size, req.offset, req.length,
-                                                                           unread_ok, bulk_out));
+                                                                           unread_ok, bulk_out, req.sequential));
   if (r.unread.has_value()) {
     proto::data::ReadResp resp{r.unread->length, std::move(r.unread->block_sums)};
     r.unread->block_sums.clear();

@@ -506,7 +506,7 @@ bool ChunkStore::wants_direct_reads(uint64_t chunk_length) const {
 }
 
 ChunkStore::ReadPlan ChunkStore::plan_read(const ChunkFile& file, uint64_t chunk_length, uint64_t file_offset,
-                                           uint64_t length, bool opened_cold) const {
+                                           uint64_t length, bool opened_cold, bool sequential) const {
   // A file may hold an O_DIRECT descriptor for its large writes alone (direct_write_min); a short
   // chunk's reads, and cached ranges of a long one, still come from the page cache (and may be
   // spliced).
@@ -516,7 +516,9 @@ ChunkStore::ReadPlan ChunkStore::plan_read(const ChunkFile& file, uint64_t chunk
     plan.direct = true;
     return plan;
   }
-  const bool may_go_direct = has_direct && wants_direct_reads(chunk_length);
+  // A stream's reads stay buffered: the page cache's read-ahead and splicing serve it better than
+  // O_DIRECT (docs/architecture.md), and its blocks may be read again by the other ranks.
+  const bool may_go_direct = has_direct && !sequential && wants_direct_reads(chunk_length);
   if (!may_go_direct && opened_cold) return plan;
   const PageState whole = page_state(file.fd.get(), file_offset, length);
   plan.cached = whole.all_cached;
@@ -564,8 +566,13 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::acquire(InodeId ino, uint64_t chu
     }
   }
   uint64_t size = 0;
-  // Only a target that takes O_DIRECT skips reading a long chunk's data ahead.
-  const uint64_t direct_from = !direct_.load() ? 0 : options_.direct_io ? 1 : direct_reads_on() ? direct_read_min_ : 0;
+  // Only a target that takes O_DIRECT skips reading a long chunk's data ahead, and under
+  // direct_read_min only for a read outside a stream (plan_read).
+  const bool stream = cold != nullptr && cold->sequential;
+  const uint64_t direct_from = !direct_.load()     ? 0
+                               : options_.direct_io ? 1
+                               : direct_reads_on() && !stream ? direct_read_min_
+                                                               : 0;
   PENSTOCK_ASSIGN_OR_RETURN(std::shared_ptr<ChunkFile> file,
                             open_chunk_file(*target_, ino, chunk_index, cold, direct_from, &size));
   if (opened_size != nullptr) *opened_size = size;
@@ -850,16 +857,15 @@ Result<uint64_t> ChunkStore::write(InodeId ino, uint64_t chunk_index, uint32_t c
 
 // The start of every read: checks the range and opens the chunk; an empty file (no ChunkFile) when
 // there is no chunk. REQUIRES: the caller holds the inode and chunk locks shared.
-Result<std::shared_ptr<ChunkFile>> ChunkStore::open_for_read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
-                                                             uint32_t offset, uint64_t length, uint64_t* chunk_length,
-                                                             bool* read_started) {
+Result<std::shared_ptr<ChunkFile>> ChunkStore::open_for_read(InodeId ino, uint64_t chunk_index, const ReadRange& range,
+                                                             uint64_t* chunk_length, bool* read_started) {
+  const uint32_t chunk_size = range.chunk_size;
   PENSTOCK_RETURN_IF_ERROR(validate_common(ino, chunk_size));
-  if (static_cast<uint64_t>(offset) + length > chunk_size) {
-    return Status(Code::kInvalid, "read [" + std::to_string(offset) + ", +" + std::to_string(length) +
+  if (range.offset + range.length > chunk_size) {
+    return Status(Code::kInvalid, "read [" + std::to_string(range.offset) + ", +" + std::to_string(range.length) +
                                       ") does not fit a chunk of " + std::to_string(chunk_size) + " bytes");
   }
   // A chunk whose data is read with O_DIRECT gets only its table read ahead (open_chunk_file).
-  const ReadRange range{chunk_size, offset, length};
   std::optional<uint64_t> opened_size;
   auto file = acquire(ino, chunk_index, &range, &opened_size);
   if (read_started != nullptr) *read_started = opened_size.has_value();
@@ -907,15 +913,17 @@ struct ChunkStore::ReadRequest {
   ReadPlan plan;
 };
 
-Status ChunkStore::start_read(ReadRequest& r, uint32_t chunk_size, uint32_t offset, uint64_t length) {
-  PENSTOCK_ASSIGN_OR_RETURN(r.file, open_for_read(r.ino, r.chunk_index, chunk_size, offset, length, &r.chunk_len,
-                                                  &r.read_started));
+Status ChunkStore::start_read(ReadRequest& r, const ReadRange& range) {
+  PENSTOCK_ASSIGN_OR_RETURN(r.file, open_for_read(r.ino, r.chunk_index, range, &r.chunk_len, &r.read_started));
+  const uint64_t offset = range.offset;
+  const uint64_t length = range.length;
   if (r.file != nullptr && offset < r.chunk_len && length > 0) {
     r.n = std::min<uint64_t>(length, r.chunk_len - offset);
     r.span_start = round_down(offset);
     r.span_end = std::min(round_down(offset + r.n - 1) + kB, r.chunk_len);
     const uint64_t data_offset = r.file->header.data_offset;
-    r.plan = plan_read(*r.file, r.chunk_len, data_offset + r.span_start, r.span_end - r.span_start, r.read_started);
+    r.plan = plan_read(*r.file, r.chunk_len, data_offset + r.span_start, r.span_end - r.span_start, r.read_started,
+                       range.sequential);
   }
   // A header left to the O_DIRECT read of the data (open_chunk_file) is read now when no such read
   // follows: the range is cached, has pages to be written back, or is past the end.
@@ -1070,7 +1078,7 @@ Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(Inode
                                                                          uint32_t chunk_size, uint32_t offset,
                                                                          uint32_t length) {
   ReadRequest r(*this, ino, chunk_index);
-  PENSTOCK_RETURN_IF_ERROR(start_read(r, chunk_size, offset, length));
+  PENSTOCK_RETURN_IF_ERROR(start_read(r, ReadRange{chunk_size, offset, length}));
   if (!sendable_unread(r, offset)) {
     if (!r.read_started) r.reading.cancel();  // read() reads it, and counts itself
     return std::optional<UnreadRange>();
@@ -1082,16 +1090,16 @@ Result<std::optional<ChunkStore::UnreadRange>> ChunkStore::read_unverified(Inode
 Result<uint32_t> ChunkStore::read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint32_t offset,
                                   std::span<uint8_t> out) {
   ReadRequest r(*this, ino, chunk_index);
-  PENSTOCK_RETURN_IF_ERROR(start_read(r, chunk_size, offset, out.size()));
+  PENSTOCK_RETURN_IF_ERROR(start_read(r, ReadRange{chunk_size, offset, out.size()}));
   return read_blocks(r, offset, out);
 }
 
 Result<ChunkStore::ReplyRead> ChunkStore::read_for_reply(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
                                                          uint32_t offset, uint32_t length, bool unread_ok,
-                                                         ByteBuffer* out) {
+                                                         ByteBuffer* out, bool sequential) {
   out->clear();
   ReadRequest r(*this, ino, chunk_index);
-  PENSTOCK_RETURN_IF_ERROR(start_read(r, chunk_size, offset, length));
+  PENSTOCK_RETURN_IF_ERROR(start_read(r, ReadRange{chunk_size, offset, length, sequential}));
   ReplyRead reply;
   if (unread_ok && sendable_unread(r, offset)) {
     PENSTOCK_ASSIGN_OR_RETURN(UnreadRange range, unread_range(r));

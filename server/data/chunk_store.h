@@ -144,8 +144,9 @@ class ChunkStore {
   // read() of `length` bytes into `out`, sized to them first (page-aligned from 64 KiB, so an
   // O_DIRECT read lands in it as it is) and to the bytes read after (empty on an error). One
   // lock, open and plan (plan_read) per request, whichever way it goes. Errors: read()'s.
+  // `sequential`: the read belongs to a stream the client reads ahead of (ReadRange).
   Result<ReplyRead> read_for_reply(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint32_t offset,
-                                   uint32_t length, bool unread_ok, ByteBuffer* out);
+                                   uint32_t length, bool unread_ok, ByteBuffer* out, bool sequential = false);
 
   // Makes the chunks of `ino` match a file of `file_size` bytes: chunks wholly at/after it are
   // removed, the chunk that holds the end is cut there (its last block re-checksummed after being
@@ -201,10 +202,13 @@ class ChunkStore {
 
   struct ChunkFile;  // an open chunk file (chunk_store.cc)
   // The range of a chunk a read asks for: what a cold open starts reading from disk at once.
+  // `sequential`: the read belongs to a stream the client reads ahead of (ReadReq::sequential), so
+  // it goes through the page cache even under direct_read_min (plan_read).
   struct ReadRange {
     uint32_t chunk_size = 0;
     uint64_t offset = 0;
     uint64_t length = 0;
+    bool sequential = false;
   };
 
  private:
@@ -225,9 +229,8 @@ class ChunkStore {
   // REQUIRES: the chunk's lock (either mode) and the inode lock held.
   Result<std::shared_ptr<ChunkFile>> acquire(InodeId ino, uint64_t chunk_index, const ReadRange* cold = nullptr,
                                              std::optional<uint64_t>* opened_size = nullptr);
-  Result<std::shared_ptr<ChunkFile>> open_for_read(InodeId ino, uint64_t chunk_index, uint32_t chunk_size,
-                                                   uint32_t offset, uint64_t length, uint64_t* chunk_length,
-                                                   bool* read_started = nullptr);
+  Result<std::shared_ptr<ChunkFile>> open_for_read(InodeId ino, uint64_t chunk_index, const ReadRange& range,
+                                                   uint64_t* chunk_length, bool* read_started = nullptr);
   // Caches a file just created. REQUIRES: the chunk lock held exclusively.
   void remember(InodeId ino, uint64_t chunk_index, std::shared_ptr<ChunkFile> file);
   // For a file opened with its header pending: checks `hdr`, the first kChunkHeaderSize bytes read
@@ -254,22 +257,23 @@ class ChunkStore {
   bool wants_direct_reads(uint64_t chunk_length) const;
   // How the read of whole blocks [file_offset, file_offset + length) of `file`, a chunk of
   // `chunk_length` bytes, goes: through its O_DIRECT descriptor always under direct_io, else under
-  // direct_read_min when the chunk is long enough and the range neither all in the page cache nor
-  // holding pages to be written back in its aligned part; and whether it is all cached (asked
-  // only where it matters: a buffered read of a file this read did not open, `opened_cold`).
+  // direct_read_min when the chunk is long enough, the read is not `sequential` (ReadRange) and the
+  // range neither all in the page cache nor holding pages to be written back in its aligned part;
+  // and whether it is all cached (asked only where it matters: a buffered read of a file this read
+  // did not open, `opened_cold`).
   struct ReadPlan {
     bool direct = false;
     bool cached = false;
   };
   ReadPlan plan_read(const ChunkFile& file, uint64_t chunk_length, uint64_t file_offset, uint64_t length,
-                     bool opened_cold) const;
+                     bool opened_cold, bool sequential) const;
   // One read in progress, from its locks to its plan (chunk_store.cc; on the caller's stack, no
   // allocation per read), and its steps: start_read() opens the chunk and plans the read;
   // sendable_unread() says whether the range can go out unread (a hole, or whole blocks read
   // buffered); unread_range() then gives it (the open file and the read's count move into its
   // keep), read_blocks() else reads and verifies it into `out` (at least the range's bytes long).
   struct ReadRequest;
-  Status start_read(ReadRequest& r, uint32_t chunk_size, uint32_t offset, uint64_t length);
+  Status start_read(ReadRequest& r, const ReadRange& range);
   static bool sendable_unread(const ReadRequest& r, uint32_t offset);
   Result<UnreadRange> unread_range(ReadRequest& r);
   Result<uint32_t> read_blocks(const ReadRequest& r, uint32_t offset, std::span<uint8_t> out);

@@ -92,8 +92,8 @@ int main(int argc, char** argv) {
   app.add_option("--direct-read-min", direct_read_min,
                  "reads of a chunk at least this long (a large file's; K/M/G suffixes) whose bytes are not "
                  "all in the page cache move them with O_DIRECT, so cold data reaches clients without "
-                 "filling this host's page cache first, while the chunks of smaller files, cached ranges "
-                 "and ranges not yet written back are read through the page cache (needs cachestat(2), "
+                 "filling this host's page cache first, while the chunks of smaller files, cached ranges, "
+                 "ranges not yet written back and clients' sequential streams are read through the page cache (needs cachestat(2), "
                  "Linux 6.5; off without). Worth it where a fresh page-cache page costs more than "
                  "a copy (a VM returning freed memory to its host); over TCP the page cache is otherwise "
                  "cheaper, its ranges sent without a copy (default 0: off; e.g. 1M)");

@@ -3,12 +3,14 @@
 // and the page cache of its chunk files, without changing a byte; only root or the mount's owner may do it; and
 // `penstock-bench --drop-caches` on a Penstock mount uses it. And data servers at
 // --direct-read-min, whose cold reads of large files leave their page cache empty.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
@@ -182,10 +184,11 @@ TEST_F(DropCachesTest, BenchDropCachesOnAPenstockMount) {
   EXPECT_NE(data_logs.find("DropCaches:"), std::string::npos);
 }
 
-// Data servers at --direct-read-min 1M, through a real mount: a large file's chunks, read cold,
-// come with O_DIRECT and leave at most their header, table and partial last block in the data
-// servers' page cache, while a small file's chunk is read through it; both read back exactly.
-TEST(DirectReadsTest, ColdReadsOfLargeFilesSkipTheServersPageCacheSmallFilesUseIt) {
+// Data servers at --direct-read-min 1M, through a real mount: random reads of a large file,
+// cold, come with O_DIRECT and leave at most its chunks' headers, tables and partial last block in
+// the data servers' page cache; a sequential read of it (the mount's read-ahead marks its fetches
+// ReadReq::sequential) and a small file's chunk go through that page cache; every byte reads back.
+TEST(DirectReadsTest, RandomColdReadsOfLargeFilesSkipTheServersPageCacheStreamsAndSmallFilesUseIt) {
   if (local_only()) GTEST_SKIP() << "needs the Penstock binaries (PENSTOCK_TEST_DIR is set)";
   Cluster cluster(ClusterOptions{.data_args = "--direct-read-min 1M"});
   ASSERT_TRUE(cluster.up());
@@ -195,31 +198,55 @@ TEST(DirectReadsTest, ColdReadsOfLargeFilesSkipTheServersPageCacheSmallFilesUseI
   const std::string small_data = pattern(100u << 10, 0, 62);
   ASSERT_TRUE(write_file(large, large_data));
   ASSERT_TRUE(write_file(small, small_data));
-  ASSERT_EQ(::setxattr(cluster.mount_path().c_str(), kDropXattr, "1", 1, 0), 0) << errno_name(errno);
-  for (const auto& path : {large, small}) {  // the mount's kernel page cache, so the reads reach the servers
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // Every cache the reads could be served from: the servers' and the mount's (xattr), the kernel's
+  // page cache of the mounted files.
+  auto drop_all = [&] {
+    ASSERT_EQ(::setxattr(cluster.mount_path().c_str(), kDropXattr, "1", 1, 0), 0) << errno_name(errno);
+    for (const auto& path : {large, small}) {
+      UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+      ASSERT_GE(fd.get(), 0) << errno_name(errno);
+      ASSERT_EQ(::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED), 0);
+    }
+  };
+  std::string data_logs;
+  for (int k = 1; k <= 3; ++k) data_logs += slurp(cluster.state_dir() + "/logs/data" + std::to_string(k) + ".log");
+  const bool direct = data_logs.find("refuses O_DIRECT") == std::string::npos;
+  if (!direct) std::printf("note: the targets' file system refuses O_DIRECT; the buffered fallback read the bytes\n");
+
+  // Samples at scattered offsets, none where another ended: random reads for the mount.
+  drop_all();
+  {
+    UniqueFd fd(::open(large.c_str(), O_RDONLY | O_CLOEXEC));
     ASSERT_GE(fd.get(), 0) << errno_name(errno);
-    ASSERT_EQ(::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED), 0);
+    ASSERT_EQ(::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_RANDOM), 0);
+    std::string sample(128u << 10, '\0');
+    for (uint64_t off : {uint64_t{5} << 20, uint64_t{1} << 20, (uint64_t{3} << 20) + 8192, uint64_t{6} << 20}) {
+      const ssize_t n = ::pread(fd.get(), sample.data(), sample.size(), static_cast<off_t>(off));
+      const uint64_t want = std::min<uint64_t>(sample.size(), large_data.size() - off);
+      ASSERT_EQ(n, static_cast<ssize_t>(want)) << "pread at " << off << ": " << errno_name(errno);
+      EXPECT_TRUE(same_bytes(large_data.substr(off, want), sample.substr(0, want))) << "at " << off;
+    }
   }
+  ChunkPages pages;
+  ASSERT_TRUE(cached_chunk_pages_by_size(cluster.state_dir(), 1u << 20, &pages));
+  if (direct) {
+    EXPECT_NE(data_logs.find("reads of chunks of 1048576 bytes or more not in the page cache"), std::string::npos)
+        << cluster.log_tails();
+    EXPECT_EQ(pages.long_files, 2u);
+    // Header and table (5 pages for a 4 MiB chunk) and a partial last block, of 1024 and 514 data pages.
+    EXPECT_LE(pages.long_pages, 8 * pages.long_files) << "random cold reads filled the servers' page cache";
+  }
+
+  // The whole file in order, and the small file: through the servers' page cache.
+  drop_all();
   std::string got;
   ASSERT_TRUE(read_file(large, &got));
   EXPECT_TRUE(same_bytes(large_data, got));
   ASSERT_TRUE(read_file(small, &got));
   EXPECT_TRUE(same_bytes(small_data, got));
-
-  ChunkPages pages;
   ASSERT_TRUE(cached_chunk_pages_by_size(cluster.state_dir(), 1u << 20, &pages));
-  std::string data_logs;
-  for (int k = 1; k <= 3; ++k) data_logs += slurp(cluster.state_dir() + "/logs/data" + std::to_string(k) + ".log");
-  if (data_logs.find("refuses O_DIRECT") != std::string::npos) {
-    std::printf("note: the targets' file system refuses O_DIRECT; the buffered fallback read the bytes\n");
-  } else {
-    EXPECT_NE(data_logs.find("reads of chunks of 1048576 bytes or more not in the page cache"), std::string::npos)
-        << cluster.log_tails();
-    EXPECT_EQ(pages.long_files, 2u);
-    // Header and table (5 pages for a 4 MiB chunk) and a partial last block, of 1024 and 514 data pages.
-    EXPECT_LE(pages.long_pages, 8 * pages.long_files) << "a large file's cold read filled the servers' page cache";
-  }
+  EXPECT_EQ(pages.long_files, 2u);
+  EXPECT_GE(pages.long_pages, (6u << 20) / 4096) << "a sequential read of a large file skipped the servers' page cache";
   EXPECT_EQ(pages.short_files, 1u);
   EXPECT_GE(pages.short_pages, small_data.size() / 4096) << "the small file's chunk was not read through the page cache";
   EXPECT_TRUE(cluster.down());

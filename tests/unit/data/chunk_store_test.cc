@@ -1003,6 +1003,83 @@ TEST(ChunkStoreReadForReply, SendsUnreadWhereItMayAndReadsIntoTheBufferElse) {
   EXPECT_TRUE(out.empty());
 }
 
+// direct_read_min and a stream's reads (ReadReq::sequential): a cold range of a long chunk that a
+// stream reads goes through the page cache (read ahead at a cold open, sent unread) while a random
+// read of another cold range of the same chunk, on the descriptor the stream's open left cached,
+// goes direct; a chunk a random read opened cold (its header read with the data) serves a later
+// stream read from the page cache too, and under direct_io every read stays direct.
+TEST(ChunkStoreDirectReads, AStreamsReadsStayInThePageCacheRandomOnesGoDirect) {
+  TempDir dir;
+  auto owned = open_store(dir, hybrid_options());
+  ASSERT_NE(owned, nullptr);
+  ChunkStore& store = *owned;
+  const bool direct = store.direct_writes_active() && testing::cachestat_works(dir.path());
+  const auto large = pattern(3u << 20, 71);
+  for (uint32_t index : {0u, 1u}) ASSERT_TRUE(store.write(kIno, index, kChunk4M, 0, large).has_value());
+  auto slice = [&](uint64_t from, uint64_t n) {
+    return std::vector<uint8_t>(large.begin() + static_cast<ptrdiff_t>(from),
+                                large.begin() + static_cast<ptrdiff_t>(from + n));
+  };
+  ASSERT_TRUE(store.drop_caches().has_value());
+  const std::string path0 = store.target().chunk_path(kIno, 0);
+  const uint64_t data_off = make_chunk_header(kIno.value, 0, kChunk4M).data_offset;
+  ByteBuffer out;
+
+  // Chunk 0, opened cold by a stream's read: buffered, read ahead, sent unread.
+  auto r = store.read_for_reply(kIno, 0, kChunk4M, 0, 1u << 20, true, &out, /*sequential=*/true);
+  ASSERT_TRUE(r.has_value()) << r.status().to_string();
+  ASSERT_TRUE(r->unread.has_value()) << "a stream's cold range of a long chunk was not sent from the page cache";
+  EXPECT_EQ(bytes_of(*r->unread), slice(0, 1u << 20));
+  EXPECT_EQ(store.direct_reads(), 0u) << "a stream's read went direct";
+  r = store.read_for_reply(kIno, 0, kChunk4M, 1u << 20, 1u << 20, false, &out, /*sequential=*/true);
+  ASSERT_TRUE(r.has_value()) << r.status().to_string();
+  EXPECT_EQ(std::vector<uint8_t>(out.begin(), out.end()), slice(1u << 20, 1u << 20));
+  EXPECT_EQ(store.direct_reads(), 0u) << "a stream's read verified at the server went direct";
+  EXPECT_GT(resident_in(path0, data_off + (1u << 20), data_off + (2u << 20)), 0u) << "a stream's read skipped the page cache";
+
+  // A random read of a cold range of the same chunk (its descriptor cached): direct where it can.
+  r = store.read_for_reply(kIno, 0, kChunk4M, 2u << 20, 128u << 10, true, &out);
+  ASSERT_TRUE(r.has_value()) << r.status().to_string();
+  if (direct) {
+    EXPECT_FALSE(r->unread.has_value()) << "a random cold range went out from the page cache";
+    EXPECT_EQ(std::vector<uint8_t>(out.begin(), out.end()), slice(2u << 20, 128u << 10));
+    EXPECT_EQ(store.direct_reads(), 1u);
+    EXPECT_EQ(resident_in(path0, data_off + (2u << 20), data_off + (2u << 20) + (128u << 10)), 0u);
+  } else {
+    std::printf("note: O_DIRECT or cachestat(2) is missing under $TMPDIR; only the buffered side is tested\n");
+    ASSERT_TRUE(r->unread.has_value());
+    EXPECT_EQ(bytes_of(*r->unread), slice(2u << 20, 128u << 10));
+    EXPECT_EQ(store.direct_reads(), 0u);
+  }
+
+  // Chunk 1, opened cold by a random read (its header read in the O_DIRECT batch), then a stream
+  // reads another cold range of it: from the page cache.
+  r = store.read_for_reply(kIno, 1, kChunk4M, 0, 128u << 10, true, &out);
+  ASSERT_TRUE(r.has_value()) << r.status().to_string();
+  const uint64_t after_random = store.direct_reads();
+  EXPECT_EQ(after_random, direct ? 2u : 0u);
+  r = store.read_for_reply(kIno, 1, kChunk4M, 1u << 20, 1u << 20, true, &out, /*sequential=*/true);
+  ASSERT_TRUE(r.has_value()) << r.status().to_string();
+  ASSERT_TRUE(r->unread.has_value()) << "a stream's range of a chunk a random read opened went direct";
+  EXPECT_EQ(bytes_of(*r->unread), slice(1u << 20, 1u << 20));
+  EXPECT_EQ(store.direct_reads(), after_random);
+
+  // direct_io: every read direct, a stream's too.
+  TempDir dir2;
+  ChunkStoreOptions all;
+  all.direct_io = true;
+  auto owned2 = open_store(dir2, all);
+  ASSERT_NE(owned2, nullptr);
+  ASSERT_TRUE(owned2->write(kIno, 0, kChunk4M, 0, large).has_value());
+  if (!owned2->direct_io_active()) return;
+  ASSERT_TRUE(owned2->drop_caches().has_value());
+  r = owned2->read_for_reply(kIno, 0, kChunk4M, 0, 1u << 20, true, &out, /*sequential=*/true);
+  ASSERT_TRUE(r.has_value()) << r.status().to_string();
+  EXPECT_FALSE(r->unread.has_value()) << "under direct_io a stream's read went through the page cache";
+  EXPECT_EQ(std::vector<uint8_t>(out.begin(), out.end()), slice(0, 1u << 20));
+  EXPECT_EQ(owned2->direct_reads(), 1u);
+}
+
 // write_piece_while_reading: a direct write goes in pieces only while a read of the target that
 // waits for the disk is in progress (here a range read_unverified() returned from a file it had to
 // open, which counts until its keep is dropped, as the bytes are staged after the call; a range

@@ -208,6 +208,10 @@ TEST(CodecTest, EveryDataMessageRoundTrips) {
   round_trip(data::WriteResp{4u << 20});
   auto r = round_trip(data::ReadReq{key, 1, UINT32_MAX});
   EXPECT_EQ(r.length, UINT32_MAX);
+  EXPECT_FALSE(r.sequential);
+  r = round_trip(data::ReadReq{key, 1, 4096, true, true});
+  EXPECT_TRUE(r.verify_at_client);
+  EXPECT_TRUE(r.sequential);
   round_trip(data::ReadResp{17});
   round_trip(data::TruncateReq{TargetId{2}, InodeId{3}, 12345, 1u << 16});
   round_trip(data::RemoveReq{TargetId{2}, InodeId{3}});
