@@ -461,6 +461,7 @@ std::string ChunkStoreOptions::describe_io() const {
     if (direct_write_min > 0 && direct_read_min > 0) mode += " and for ";
     if (direct_read_min > 0) {
       mode += "reads of chunks of " + std::to_string(direct_read_min) + " bytes or more not in the page cache";
+      if (buffered_streams) mode += " outside a client's streams";
     }
     mode += ", the page cache for the rest";
   }
@@ -516,8 +517,8 @@ ChunkStore::ReadPlan ChunkStore::plan_read(const ChunkFile& file, uint64_t chunk
     plan.direct = true;
     return plan;
   }
-  // A stream's reads stay buffered: the page cache's read-ahead and splicing serve it better than
-  // O_DIRECT (docs/architecture.md), and its blocks may be read again by the other ranks.
+  // Under buffered_streams a stream's reads stay buffered, for the page cache's read-ahead and
+  // splicing (docs/architecture.md).
   const bool may_go_direct = has_direct && !sequential && wants_direct_reads(chunk_length);
   if (!may_go_direct && opened_cold) return plan;
   const PageState whole = page_state(file.fd.get(), file_offset, length);
@@ -1099,7 +1100,8 @@ Result<ChunkStore::ReplyRead> ChunkStore::read_for_reply(InodeId ino, uint64_t c
                                                          ByteBuffer* out, bool sequential) {
   out->clear();
   ReadRequest r(*this, ino, chunk_index);
-  PENSTOCK_RETURN_IF_ERROR(start_read(r, ReadRange{chunk_size, offset, length, sequential}));
+  const bool stream = sequential && options_.buffered_streams;
+  PENSTOCK_RETURN_IF_ERROR(start_read(r, ReadRange{chunk_size, offset, length, stream}));
   ReplyRead reply;
   if (unread_ok && sendable_unread(r, offset)) {
     PENSTOCK_ASSIGN_OR_RETURN(UnreadRange range, unread_range(r));

@@ -78,6 +78,10 @@ struct ChunkStoreOptions {
   // written back; reads of shorter chunks, and of a chunk's partial last block alone, stay
   // buffered. 0: never. Fixed at start; off where cachestat(2) is missing.
   uint32_t direct_read_min = 0;
+  // Under direct_read_min, reads a client marks sequential (ReadReq::sequential: its read-ahead, a
+  // stream's blocks, small files) stay buffered too; off, they go direct like random ones. Which
+  // wins depends on the host's cost of a fresh page-cache page (docs/architecture.md).
+  bool buffered_streams = false;
   // While reads of the target that wait for the disk are in progress, or one ended less than
   // `read_hold` ago, an O_DIRECT write goes to the disk in pieces of this many bytes (whole
   // blocks), one after another, so a read queues at the disk behind one piece of each write
@@ -144,7 +148,8 @@ class ChunkStore {
   // read() of `length` bytes into `out`, sized to them first (page-aligned from 64 KiB, so an
   // O_DIRECT read lands in it as it is) and to the bytes read after (empty on an error). One
   // lock, open and plan (plan_read) per request, whichever way it goes. Errors: read()'s.
-  // `sequential`: the read belongs to a stream the client reads ahead of (ReadRange).
+  // `sequential`: the read belongs to a stream the client reads ahead of (ReadReq::sequential);
+  // it counts under buffered_streams only.
   Result<ReplyRead> read_for_reply(InodeId ino, uint64_t chunk_index, uint32_t chunk_size, uint32_t offset,
                                    uint32_t length, bool unread_ok, ByteBuffer* out, bool sequential = false);
 
@@ -202,8 +207,8 @@ class ChunkStore {
 
   struct ChunkFile;  // an open chunk file (chunk_store.cc)
   // The range of a chunk a read asks for: what a cold open starts reading from disk at once.
-  // `sequential`: the read belongs to a stream the client reads ahead of (ReadReq::sequential), so
-  // it goes through the page cache even under direct_read_min (plan_read).
+  // `sequential`: the read belongs to a stream the client reads ahead of (ReadReq::sequential) and
+  // buffered_streams is set, so it goes through the page cache even under direct_read_min (plan_read).
   struct ReadRange {
     uint32_t chunk_size = 0;
     uint64_t offset = 0;

@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   bool direct_io = false;
   std::string direct_write_min = std::to_string(data::kDefaultDirectWriteMin);
   std::string direct_read_min = "0";
+  bool buffered_streams = false;
   std::string write_piece = std::to_string(data::kDefaultWritePieceWhileReading);
   app.set_config("--config", "", "TOML file with any of the options below (keys without the dashes, e.g. "
                                  "target = [\"/nvme0/penstock\"]); command-line flags win");
@@ -92,11 +93,16 @@ int main(int argc, char** argv) {
   app.add_option("--direct-read-min", direct_read_min,
                  "reads of a chunk at least this long (a large file's; K/M/G suffixes) whose bytes are not "
                  "all in the page cache move them with O_DIRECT, so cold data reaches clients without "
-                 "filling this host's page cache first, while the chunks of smaller files, cached ranges, "
-                 "ranges not yet written back and clients' sequential streams are read through the page cache (needs cachestat(2), "
+                 "filling this host's page cache first, while the chunks of smaller files, cached ranges "
+                 "and ranges not yet written back are read through the page cache (needs cachestat(2), "
                  "Linux 6.5; off without). Worth it where a fresh page-cache page costs more than "
                  "a copy (a VM returning freed memory to its host); over TCP the page cache is otherwise "
                  "cheaper, its ranges sent without a copy (default 0: off; e.g. 1M)");
+  app.add_flag("--buffered-streams", buffered_streams,
+               "under --direct-read-min, reads a client marks sequential (its read-ahead of a stream) "
+               "stay in the page cache too, which reads ahead of them; only random cold reads of long "
+               "chunks go direct. Try it where fresh page-cache pages are cheap; where they are dear, "
+               "streams read faster direct (docs/performance.md, round 36)");
   app.add_option("--write-piece-while-reading", write_piece,
                  "while reads of a target wait for its disk (or did under 20 ms ago), its O_DIRECT writes go "
                  "to the disk in pieces of this size, one after another, so training reads queue behind one "
@@ -138,6 +144,10 @@ int main(int argc, char** argv) {
   options.store.direct_io = direct_io;
   options.store.direct_write_min = static_cast<uint32_t>(*write_min);
   options.store.direct_read_min = static_cast<uint32_t>(*read_min);
+  if (buffered_streams && *read_min == 0) {
+    return fail("--buffered-streams needs --direct-read-min (without it every read is buffered already)");
+  }
+  options.store.buffered_streams = buffered_streams;
   auto piece = parse_byte_size(write_piece);
   if (!piece.has_value()) return fail("--write-piece-while-reading: " + piece.error().message());
   const uint64_t block = data::kBlockSize;

@@ -184,13 +184,13 @@ TEST_F(DropCachesTest, BenchDropCachesOnAPenstockMount) {
   EXPECT_NE(data_logs.find("DropCaches:"), std::string::npos);
 }
 
-// Data servers at --direct-read-min 1M, through a real mount: random reads of a large file,
+// Data servers at --direct-read-min 1M --buffered-streams, through a real mount: random reads of a large file,
 // cold, come with O_DIRECT and leave at most its chunks' headers, tables and partial last block in
 // the data servers' page cache; a sequential read of it (the mount's read-ahead marks its fetches
 // ReadReq::sequential) and a small file's chunk go through that page cache; every byte reads back.
 TEST(DirectReadsTest, RandomColdReadsOfLargeFilesSkipTheServersPageCacheStreamsAndSmallFilesUseIt) {
   if (local_only()) GTEST_SKIP() << "needs the Penstock binaries (PENSTOCK_TEST_DIR is set)";
-  Cluster cluster(ClusterOptions{.data_args = "--direct-read-min 1M"});
+  Cluster cluster(ClusterOptions{.data_args = "--direct-read-min 1M --buffered-streams"});
   ASSERT_TRUE(cluster.up());
   const std::string large = cluster.mount_path() + "/large.bin";
   const std::string small = cluster.mount_path() + "/small.bin";

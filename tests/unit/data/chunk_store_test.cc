@@ -1003,14 +1003,17 @@ TEST(ChunkStoreReadForReply, SendsUnreadWhereItMayAndReadsIntoTheBufferElse) {
   EXPECT_TRUE(out.empty());
 }
 
-// direct_read_min and a stream's reads (ReadReq::sequential): a cold range of a long chunk that a
-// stream reads goes through the page cache (read ahead at a cold open, sent unread) while a random
-// read of another cold range of the same chunk, on the descriptor the stream's open left cached,
-// goes direct; a chunk a random read opened cold (its header read with the data) serves a later
-// stream read from the page cache too, and under direct_io every read stays direct.
-TEST(ChunkStoreDirectReads, AStreamsReadsStayInThePageCacheRandomOnesGoDirect) {
+// direct_read_min with buffered_streams and a stream's reads (ReadReq::sequential): a cold range of
+// a long chunk that a stream reads goes through the page cache (read ahead at a cold open, sent
+// unread) while a random read of another cold range of the same chunk, on the descriptor the
+// stream's open left cached, goes direct; a chunk a random read opened cold (its header read with
+// the data) serves a later stream read from the page cache too. Without buffered_streams, and
+// under direct_io, a stream's cold read goes direct like any other.
+TEST(ChunkStoreDirectReads, UnderBufferedStreamsAStreamsReadsStayInThePageCacheRandomOnesGoDirect) {
   TempDir dir;
-  auto owned = open_store(dir, hybrid_options());
+  ChunkStoreOptions streams = hybrid_options();
+  streams.buffered_streams = true;
+  auto owned = open_store(dir, streams);
   ASSERT_NE(owned, nullptr);
   ChunkStore& store = *owned;
   const bool direct = store.direct_writes_active() && testing::cachestat_works(dir.path());
@@ -1064,20 +1067,23 @@ TEST(ChunkStoreDirectReads, AStreamsReadsStayInThePageCacheRandomOnesGoDirect) {
   EXPECT_EQ(bytes_of(*r->unread), slice(1u << 20, 1u << 20));
   EXPECT_EQ(store.direct_reads(), after_random);
 
-  // direct_io: every read direct, a stream's too.
-  TempDir dir2;
+  // direct_read_min alone, and direct_io: a stream's cold read goes direct.
   ChunkStoreOptions all;
   all.direct_io = true;
-  auto owned2 = open_store(dir2, all);
-  ASSERT_NE(owned2, nullptr);
-  ASSERT_TRUE(owned2->write(kIno, 0, kChunk4M, 0, large).has_value());
-  if (!owned2->direct_io_active()) return;
-  ASSERT_TRUE(owned2->drop_caches().has_value());
-  r = owned2->read_for_reply(kIno, 0, kChunk4M, 0, 1u << 20, true, &out, /*sequential=*/true);
-  ASSERT_TRUE(r.has_value()) << r.status().to_string();
-  EXPECT_FALSE(r->unread.has_value()) << "under direct_io a stream's read went through the page cache";
-  EXPECT_EQ(std::vector<uint8_t>(out.begin(), out.end()), slice(0, 1u << 20));
-  EXPECT_EQ(owned2->direct_reads(), 1u);
+  for (const ChunkStoreOptions& o : {hybrid_options(), all}) {
+    SCOPED_TRACE(o.describe_io());
+    TempDir other_dir;
+    auto other = open_store(other_dir, o);
+    ASSERT_NE(other, nullptr);
+    ASSERT_TRUE(other->write(kIno, 0, kChunk4M, 0, large).has_value());
+    if (!(other->direct_io_active() || (direct && other->direct_writes_active()))) continue;
+    ASSERT_TRUE(other->drop_caches().has_value());
+    r = other->read_for_reply(kIno, 0, kChunk4M, 0, 1u << 20, true, &out, /*sequential=*/true);
+    ASSERT_TRUE(r.has_value()) << r.status().to_string();
+    EXPECT_FALSE(r->unread.has_value()) << "a stream's cold read went through the page cache";
+    EXPECT_EQ(std::vector<uint8_t>(out.begin(), out.end()), slice(0, 1u << 20));
+    EXPECT_EQ(other->direct_reads(), 1u);
+  }
 }
 
 // write_piece_while_reading: a direct write goes in pieces only while a read of the target that
