@@ -34,7 +34,7 @@ struct WriteResp { uint64_t chunk_length = 0; PENSTOCK_FIELDS(chunk_length); };
 // `sequential`: the read belongs to a stream the client reads ahead of (its read-ahead, or a read
 // the stream's window covers), as opposed to a random sample or a read the client cannot place; a
 // data server that reads cold ranges of long chunks with O_DIRECT (--direct-read-min) keeps a
-// stream's reads in its page cache, whose read-ahead serves them better. A hint: no answer changes.
+// stream's reads in its page cache when it runs --buffered-streams. A hint: no answer changes.
 inline constexpr uint32_t kChecksumBlock = 4096;
 struct ReadReq {
   ChunkKey key; uint32_t offset = 0; uint32_t length = 0; bool verify_at_client = false; bool sequential = false;
