@@ -507,7 +507,7 @@ bool ChunkStore::wants_direct_reads(uint64_t chunk_length) const {
 }
 
 ChunkStore::ReadPlan ChunkStore::plan_read(const ChunkFile& file, uint64_t chunk_length, uint64_t file_offset,
-                                           uint64_t length, bool opened_cold, bool sequential) const {
+                                           uint64_t length, bool opened_cold, bool buffered_stream) const {
   // A file may hold an O_DIRECT descriptor for its large writes alone (direct_write_min); a short
   // chunk's reads, and cached ranges of a long one, still come from the page cache (and may be
   // spliced).
@@ -519,7 +519,7 @@ ChunkStore::ReadPlan ChunkStore::plan_read(const ChunkFile& file, uint64_t chunk
   }
   // Under buffered_streams a stream's reads stay buffered, for the page cache's read-ahead and
   // splicing (docs/architecture.md).
-  const bool may_go_direct = has_direct && !sequential && wants_direct_reads(chunk_length);
+  const bool may_go_direct = has_direct && !buffered_stream && wants_direct_reads(chunk_length);
   if (!may_go_direct && opened_cold) return plan;
   const PageState whole = page_state(file.fd.get(), file_offset, length);
   plan.cached = whole.all_cached;
@@ -569,7 +569,7 @@ Result<std::shared_ptr<ChunkFile>> ChunkStore::acquire(InodeId ino, uint64_t chu
   uint64_t size = 0;
   // Only a target that takes O_DIRECT skips reading a long chunk's data ahead, and under
   // direct_read_min only for a read outside a stream (plan_read).
-  const bool stream = cold != nullptr && cold->sequential;
+  const bool stream = cold != nullptr && cold->buffered_stream;
   const uint64_t direct_from = !direct_.load()     ? 0
                                : options_.direct_io ? 1
                                : direct_reads_on() && !stream ? direct_read_min_
@@ -924,7 +924,7 @@ Status ChunkStore::start_read(ReadRequest& r, const ReadRange& range) {
     r.span_end = std::min(round_down(offset + r.n - 1) + kB, r.chunk_len);
     const uint64_t data_offset = r.file->header.data_offset;
     r.plan = plan_read(*r.file, r.chunk_len, data_offset + r.span_start, r.span_end - r.span_start, r.read_started,
-                       range.sequential);
+                       range.buffered_stream);
   }
   // A header left to the O_DIRECT read of the data (open_chunk_file) is read now when no such read
   // follows: the range is cached, has pages to be written back, or is past the end.

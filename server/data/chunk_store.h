@@ -207,13 +207,14 @@ class ChunkStore {
 
   struct ChunkFile;  // an open chunk file (chunk_store.cc)
   // The range of a chunk a read asks for: what a cold open starts reading from disk at once.
-  // `sequential`: the read belongs to a stream the client reads ahead of (ReadReq::sequential) and
-  // buffered_streams is set, so it goes through the page cache even under direct_read_min (plan_read).
+  // `buffered_stream`: the read belongs to a stream the client reads ahead of (ReadReq::sequential)
+  // and buffered_streams is set, so it goes through the page cache even under direct_read_min
+  // (plan_read); read_for_reply() decides it.
   struct ReadRange {
     uint32_t chunk_size = 0;
     uint64_t offset = 0;
     uint64_t length = 0;
-    bool sequential = false;
+    bool buffered_stream = false;
   };
 
  private:
@@ -262,7 +263,7 @@ class ChunkStore {
   bool wants_direct_reads(uint64_t chunk_length) const;
   // How the read of whole blocks [file_offset, file_offset + length) of `file`, a chunk of
   // `chunk_length` bytes, goes: through its O_DIRECT descriptor always under direct_io, else under
-  // direct_read_min when the chunk is long enough, the read is not `sequential` (ReadRange) and the
+  // direct_read_min when the chunk is long enough, the read is no `buffered_stream` (ReadRange) and the
   // range neither all in the page cache nor holding pages to be written back in its aligned part;
   // and whether it is all cached (asked only where it matters: a buffered read of a file this read
   // did not open, `opened_cold`).
@@ -271,7 +272,7 @@ class ChunkStore {
     bool cached = false;
   };
   ReadPlan plan_read(const ChunkFile& file, uint64_t chunk_length, uint64_t file_offset, uint64_t length,
-                     bool opened_cold, bool sequential) const;
+                     bool opened_cold, bool buffered_stream) const;
   // One read in progress, from its locks to its plan (chunk_store.cc; on the caller's stack, no
   // allocation per read), and its steps: start_read() opens the chunk and plans the read;
   // sendable_unread() says whether the range can go out unread (a hole, or whole blocks read
