@@ -78,6 +78,36 @@ struct ListInodesResp {
   PENSTOCK_FIELDS(inodes, more);
 };
 
+// What one target served since its data server started, for `penstock stats`: requests answered
+// (failed ones included), bytes moved, how reads went. Counters only grow; a restart of the data
+// server starts them at 0 again (StatsResp::uptime_ms says when). `Count` is uint64_t on the wire;
+// the data server keeps them as relaxed atomics of the same layout.
+template <class Count>
+struct TargetCountersOf {
+  Count reads{};             // Read requests of the target
+  Count read_bytes{};        // bytes they answered (holes count none)
+  Count sequential_reads{};  // reads marked ReadReq::sequential (a stream the client reads ahead of)
+  Count direct_reads{};      // reads whose bytes came from the disk with O_DIRECT
+  Count unread_reads{};      // reads sent from the page cache unread, for the client to verify
+  Count writes{};            // Write requests
+  Count write_bytes{};       // bytes they wrote
+  Count truncates{};
+  Count removes{};
+  Count syncs{};
+  Count errors{};            // requests of any kind answered with an error
+  Count corrupt{};           // of them, a block failing its checksum (kCorrupt)
+  Count no_space{};          // of them, a write refused for a full disk (kNoSpace)
+  PENSTOCK_FIELDS(reads, read_bytes, sequential_reads, direct_reads, unread_reads, writes, write_bytes, truncates,
+                  removes, syncs, errors, corrupt, no_space);
+};
+using TargetCounters = TargetCountersOf<uint64_t>;
+struct TargetStats { TargetId target; TargetCounters counters; PENSTOCK_FIELDS(target, counters); };
+struct StatsResp {
+  uint64_t uptime_ms = 0;            // since the data server started
+  std::vector<TargetStats> targets;  // every target it serves, by id
+  PENSTOCK_FIELDS(uptime_ms, targets);
+};
+
 using ServiceId = ::penstock::proto::ServiceId;
 PENSTOCK_METHOD(Write, ServiceId::kData, 1, WriteReq, WriteResp);
 PENSTOCK_METHOD(Read, ServiceId::kData, 2, ReadReq, ReadResp);
@@ -86,5 +116,6 @@ PENSTOCK_METHOD(Remove, ServiceId::kData, 4, RemoveReq, Empty);
 PENSTOCK_METHOD(Sync, ServiceId::kData, 5, SyncReq, Empty);
 PENSTOCK_METHOD(DropCaches, ServiceId::kData, 6, DropCachesReq, DropCachesResp);
 PENSTOCK_METHOD(ListInodes, ServiceId::kData, 7, ListInodesReq, ListInodesResp);
+PENSTOCK_METHOD(Stats, ServiceId::kData, 8, Empty, StatsResp);
 
 }  // namespace penstock::proto::data

@@ -1,5 +1,8 @@
 #include "server/data/chunk_service.h"
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <mutex>
 #include <string>
 
@@ -28,7 +31,21 @@ Status check_key(const proto::data::ChunkKey& key, uint64_t offset, uint64_t len
   return Status::ok();
 }
 
+using Counters = ChunkStore::Counters;
+
+// Counts a request of the target under `op` (penstock stats), and its error when it failed.
+void tally(ChunkStore& store, std::atomic<uint64_t> Counters::*op, const Status& st) {
+  Counters& c = store.counters();
+  (c.*op).fetch_add(1, std::memory_order_relaxed);
+  if (st.is_ok()) return;
+  c.errors.fetch_add(1, std::memory_order_relaxed);
+  if (st.code() == Code::kCorrupt) c.corrupt.fetch_add(1, std::memory_order_relaxed);
+  if (st.code() == Code::kNoSpace) c.no_space.fetch_add(1, std::memory_order_relaxed);
+}
+
 }  // namespace
+
+ChunkService::ChunkService() : started_(std::chrono::steady_clock::now()) {}
 
 void ChunkService::set_served(std::unordered_map<TargetId, std::shared_ptr<ChunkStore>> served) {
   std::unique_lock<std::shared_mutex> g(mu_);
@@ -47,53 +64,77 @@ Result<std::shared_ptr<ChunkStore>> ChunkService::store_for(TargetId target) con
 Result<proto::data::WriteResp> ChunkService::write(const proto::data::WriteReq& req,
                                                    std::span<const uint8_t> bulk_in) {
   PENSTOCK_ASSIGN_OR_RETURN(auto store, store_for(req.key.target));
-  if (bulk_in.empty()) return Status(Code::kInvalid, "Write carries no data bytes");
-  PENSTOCK_RETURN_IF_ERROR(check_key(req.key, req.offset, bulk_in.size(), "Write"));
-  PENSTOCK_ASSIGN_OR_RETURN(uint64_t length,
-                            store->write(req.key.ino, req.key.chunk_index, req.key.chunk_size, req.offset, bulk_in));
-  return proto::data::WriteResp{length};
+  auto written = [&]() -> Result<uint64_t> {
+    if (bulk_in.empty()) return Status(Code::kInvalid, "Write carries no data bytes");
+    PENSTOCK_RETURN_IF_ERROR(check_key(req.key, req.offset, bulk_in.size(), "Write"));
+    return store->write(req.key.ino, req.key.chunk_index, req.key.chunk_size, req.offset, bulk_in);
+  }();
+  tally(*store, &Counters::writes, written.status());
+  if (!written.has_value()) return written.error();
+  store->counters().write_bytes.fetch_add(bulk_in.size(), std::memory_order_relaxed);
+  return proto::data::WriteResp{*written};
 }
 
 Result<proto::data::ReadResp> ChunkService::read(const proto::data::ReadReq& req, std::span<const uint8_t> bulk_in,
                                                  ByteBuffer* bulk_out, std::optional<ChunkStore::UnreadRange>* unread) {
   PENSTOCK_ASSIGN_OR_RETURN(auto store, store_for(req.key.target));
-  PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "Read"));
-  PENSTOCK_RETURN_IF_ERROR(check_key(req.key, req.offset, req.length, "Read"));
   // One store call whichever way the bytes go: sent unread (the receiver verifies them) when the
   // transport can and the client asked, else read and verified into the reply.
   const bool unread_ok = unread != nullptr && req.verify_at_client;
-  PENSTOCK_ASSIGN_OR_RETURN(ChunkStore::ReplyRead r, store->read_for_reply(req.key.ino, req.key.chunk_index,
-                                                                           req.key.chunk_size, req.offset, req.length,
-                                                                           unread_ok, bulk_out, req.sequential));
-  if (r.unread.has_value()) {
-    proto::data::ReadResp resp{r.unread->length, std::move(r.unread->block_sums)};
-    r.unread->block_sums.clear();
-    *unread = std::move(r.unread);
+  auto r = [&]() -> Result<ChunkStore::ReplyRead> {
+    PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "Read"));
+    PENSTOCK_RETURN_IF_ERROR(check_key(req.key, req.offset, req.length, "Read"));
+    return store->read_for_reply(req.key.ino, req.key.chunk_index, req.key.chunk_size, req.offset, req.length,
+                                 unread_ok, bulk_out, req.sequential);
+  }();
+  tally(*store, &Counters::reads, r.status());
+  if (!r.has_value()) return r.error();
+  Counters& c = store->counters();
+  if (req.sequential) c.sequential_reads.fetch_add(1, std::memory_order_relaxed);
+  if (r->unread.has_value()) {
+    c.unread_reads.fetch_add(1, std::memory_order_relaxed);
+    c.read_bytes.fetch_add(r->unread->length, std::memory_order_relaxed);
+    proto::data::ReadResp resp{r->unread->length, std::move(r->unread->block_sums)};
+    r->unread->block_sums.clear();
+    *unread = std::move(r->unread);
     return resp;
   }
-  return proto::data::ReadResp{r.length};
+  c.read_bytes.fetch_add(r->length, std::memory_order_relaxed);
+  return proto::data::ReadResp{r->length};
 }
 
 Status ChunkService::truncate(const proto::data::TruncateReq& req, std::span<const uint8_t> bulk_in) {
   PENSTOCK_ASSIGN_OR_RETURN(auto store, store_for(req.target));
-  PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "Truncate"));
-  if (!req.ino.valid()) return Status(Code::kInvalid, "Truncate: inode 0 is not a file");
-  PENSTOCK_RETURN_IF_ERROR(layout::validate_chunk_size(req.chunk_size).with_context("Truncate"));
-  return store->truncate(req.ino, req.size, req.chunk_size);
+  Status st = [&]() -> Status {
+    PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "Truncate"));
+    if (!req.ino.valid()) return Status(Code::kInvalid, "Truncate: inode 0 is not a file");
+    PENSTOCK_RETURN_IF_ERROR(layout::validate_chunk_size(req.chunk_size).with_context("Truncate"));
+    return store->truncate(req.ino, req.size, req.chunk_size);
+  }();
+  tally(*store, &Counters::truncates, st);
+  return st;
 }
 
 Status ChunkService::remove(const proto::data::RemoveReq& req, std::span<const uint8_t> bulk_in) {
   PENSTOCK_ASSIGN_OR_RETURN(auto store, store_for(req.target));
-  PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "Remove"));
-  if (!req.ino.valid()) return Status(Code::kInvalid, "Remove: inode 0 is not a file");
-  return store->remove(req.ino);
+  Status st = [&]() -> Status {
+    PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "Remove"));
+    if (!req.ino.valid()) return Status(Code::kInvalid, "Remove: inode 0 is not a file");
+    return store->remove(req.ino);
+  }();
+  tally(*store, &Counters::removes, st);
+  return st;
 }
 
 Status ChunkService::sync(const proto::data::SyncReq& req, std::span<const uint8_t> bulk_in) {
   PENSTOCK_ASSIGN_OR_RETURN(auto store, store_for(req.target));
-  PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "Sync"));
-  if (!req.ino.valid()) return Status(Code::kInvalid, "Sync: inode 0 is not a file");
-  return store->sync(req.ino);
+  Status st = [&]() -> Status {
+    PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "Sync"));
+    if (!req.ino.valid()) return Status(Code::kInvalid, "Sync: inode 0 is not a file");
+    return store->sync(req.ino);
+  }();
+  tally(*store, &Counters::syncs, st);
+  return st;
 }
 
 Result<proto::data::DropCachesResp> ChunkService::drop_caches(const proto::data::DropCachesReq& req,
@@ -117,6 +158,18 @@ Result<proto::data::DropCachesResp> ChunkService::drop_caches(const proto::data:
     resp.files += dropped->files;
     resp.fds_closed += dropped->fds_closed;
   }
+  return resp;
+}
+
+Result<proto::data::StatsResp> ChunkService::stats(std::span<const uint8_t> bulk_in) const {
+  PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "Stats"));
+  proto::data::StatsResp resp;
+  resp.uptime_ms = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started_).count());
+  std::shared_lock<std::shared_mutex> g(mu_);
+  for (const auto& [id, store] : served_) resp.targets.push_back(proto::data::TargetStats{id, store->counters_now()});
+  std::sort(resp.targets.begin(), resp.targets.end(),
+            [](const auto& a, const auto& b) { return a.target.value < b.target.value; });
   return resp;
 }
 

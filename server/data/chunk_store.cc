@@ -653,6 +653,14 @@ void ChunkStore::forget_inode(InodeId ino) {
   }
 }
 
+proto::data::TargetCounters ChunkStore::counters_now() const {
+  proto::data::TargetCounters now;
+  counters_.visit_fields([&](const auto&... live) {
+    now.visit_fields([&](auto&... out) { ((out = live.load(std::memory_order_relaxed)), ...); });
+  });
+  return now;
+}
+
 size_t ChunkStore::cached_files() const {
   std::lock_guard<std::mutex> g(fd_mu_);
   return fds_.size();
@@ -1013,7 +1021,7 @@ Result<uint32_t> ChunkStore::read_blocks(const ReadRequest& r, uint32_t offset, 
     const bool as_is = off == span_start && off + n == span_end &&
                        reinterpret_cast<uintptr_t>(body.data()) % kDataAlignment == 0;
     std::span<uint8_t> span = as_is ? body : t_bounce.get(span_end - span_start);
-    ++direct_reads_;
+    counters_.direct_reads.fetch_add(1, std::memory_order_relaxed);
     if (as_is) ++unbounced_reads_;
     std::vector<IoOp> ops{table_read(c, first_b, &table)};
     // A cold open's header is read in this batch (header_pending): checked before any byte is used.

@@ -52,6 +52,7 @@
 #include "common/base/bytes.h"
 #include "common/base/ids.h"
 #include "common/base/result.h"
+#include "common/proto/data_service.h"
 #include "server/data/lock_table.h"
 #include "server/data/recent_reads.h"
 #include "server/data/target.h"
@@ -193,7 +194,7 @@ class ChunkStore {
   uint64_t unbounced_writes() const { return unbounced_writes_.load(); }
   // Reads whose data moved with O_DIRECT, and those of them read straight into the caller's
   // buffer (aligned, whole blocks) rather than through the bounce buffer (tests).
-  uint64_t direct_reads() const { return direct_reads_.load(); }
+  uint64_t direct_reads() const { return counters_.direct_reads.load(); }
   uint64_t unbounced_reads() const { return unbounced_reads_.load(); }
   // O_DIRECT reads of a file just opened that read and checked its header in their own batch
   // (tests).
@@ -204,6 +205,13 @@ class ChunkStore {
   // Reads of this target in progress that wait for the disk; a range read_unverified() returned
   // counts until its keep is dropped (tests).
   int reads_in_progress() const { return recent_reads_->in_progress(); }
+
+  // What this target served, for `penstock stats` (proto::data::Stats): ChunkService counts the
+  // requests into counters(), the store itself its reads that went O_DIRECT. Relaxed atomics, so a
+  // snapshot (counters_now) may catch one request counted in some fields and not yet in others.
+  using Counters = proto::data::TargetCountersOf<std::atomic<uint64_t>>;
+  Counters& counters() { return counters_; }
+  proto::data::TargetCounters counters_now() const;
 
   struct ChunkFile;  // an open chunk file (chunk_store.cc)
   // The range of a chunk a read asks for: what a cold open starts reading from disk at once.
@@ -291,11 +299,11 @@ class ChunkStore {
   uint32_t direct_read_min_ = 0;
   std::atomic<uint64_t> bounced_writes_{0};
   std::atomic<uint64_t> unbounced_writes_{0};
-  std::atomic<uint64_t> direct_reads_{0};
   std::atomic<uint64_t> unbounced_reads_{0};
   std::atomic<uint64_t> joined_header_reads_{0};
   std::atomic<bool> direct_warned_{false};
   std::atomic<uint64_t> write_pieces_{0};
+  Counters counters_;
   // Shared with the keep of every range read_unverified() returned, which may outlive this store.
   const std::shared_ptr<RecentReads> recent_reads_ = std::make_shared<RecentReads>(options_.read_hold);
 

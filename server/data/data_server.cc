@@ -89,6 +89,10 @@ Status DataServer::start() {
     }
     return r;
   });
+  // Counters only: on the I/O thread, as soon as it is read.
+  server_->handle<pd::Stats>(
+      [this](const proto::Empty&, rpc::RequestContext& ctx) { return service_.stats(ctx.bulk_in()); },
+      rpc::Dispatch::kInline);
   // Directory listings: on the workers, never on an I/O thread.
   server_->handle<pd::ListInodes>([this](const pd::ListInodesReq& req, rpc::RequestContext& ctx) {
     return service_.list_inodes(req, ctx.bulk_in());

@@ -1,6 +1,7 @@
 #include "server/data/chunk_service.h"
 
 #include <fstream>
+#include <optional>
 
 #include <gtest/gtest.h>
 
@@ -165,6 +166,76 @@ TEST_F(ChunkServiceTest, ListInodesPagesThroughABucket) {
   std::vector<uint8_t> bulk{1};
   EXPECT_EQ(service_.list_inodes(pd::ListInodesReq{TargetId(7), 5, InodeId(), 0}, bulk).status().code(),
             Code::kInvalid);
+}
+
+
+// `penstock stats`: each request counts in its target's counters once the target is found, with
+// its bytes, how a read went, and its error (corrupt and full-disk ones apart).
+TEST_F(ChunkServiceTest, StatsCountEachTargetsRequestsBytesAndErrors) {
+  auto before = service_.stats({});
+  ASSERT_TRUE(before.has_value());
+  EXPECT_TRUE(before->targets.empty()) << "a target listed before any is served";
+  serve();
+  auto d = pattern(5000, 4);
+  ASSERT_TRUE(service_.write(pd::WriteReq{key(), 0}, d).has_value());
+  ASSERT_TRUE(service_.write(pd::WriteReq{key(), 5000}, d).has_value());
+  EXPECT_EQ(service_.write(pd::WriteReq{key(), 0}, {}).status().code(), Code::kInvalid);  // no bytes: an error
+  ByteBuffer out;
+  pd::ReadReq stream{key(), 0, 4096};
+  stream.sequential = true;
+  ASSERT_TRUE(service_.read(stream, {}, &out).has_value());
+  ASSERT_TRUE(service_.read(pd::ReadReq{key(), 4096, 100000}, {}, &out).has_value());  // to the end: 5904 bytes
+  // Sent unread where the caller can send a file range and the client verifies.
+  std::optional<ChunkStore::UnreadRange> unread;
+  pd::ReadReq verify{key(), 0, 8192};
+  verify.verify_at_client = true;
+  ASSERT_TRUE(service_.read(verify, {}, &out, &unread).has_value());
+  ASSERT_TRUE(unread.has_value());
+  unread.reset();
+  ASSERT_TRUE(service_.sync(pd::SyncReq{TargetId(7), InodeId(55)}, {}).is_ok());
+  ASSERT_TRUE(service_.truncate(pd::TruncateReq{TargetId(7), InodeId(55), 9000, 1u << 20}, {}).is_ok());
+  // A request for a target not served here counts nowhere.
+  auto other = key();
+  other.target = TargetId(8);
+  EXPECT_FALSE(service_.read(pd::ReadReq{other, 0, 10}, {}, &out).has_value());
+
+  // The last data byte flipped on disk: the read of its block fails its checksum.
+  {
+    const std::string path = store_->target().chunk_path(InodeId(55), 0);
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.is_open()) << path;
+    f.seekg(-1, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    f.seekp(-1, std::ios::end);
+    f.write(&c, 1);
+  }
+  auto bad = service_.read(pd::ReadReq{key(), 8192, 808}, {}, &out);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_EQ(bad.status().code(), Code::kCorrupt);
+  ASSERT_TRUE(service_.remove(pd::RemoveReq{TargetId(7), InodeId(55)}, {}).is_ok());
+
+  auto s = service_.stats({});
+  ASSERT_TRUE(s.has_value());
+  ASSERT_EQ(s->targets.size(), 1u);
+  EXPECT_EQ(s->targets[0].target, TargetId(7));
+  const pd::TargetCounters& c = s->targets[0].counters;
+  EXPECT_EQ(c.writes, 3u);
+  EXPECT_EQ(c.write_bytes, 10000u);
+  EXPECT_EQ(c.reads, 4u);
+  EXPECT_EQ(c.read_bytes, 4096u + 5904u + 8192u);
+  EXPECT_EQ(c.sequential_reads, 1u);
+  EXPECT_EQ(c.unread_reads, 1u);
+  EXPECT_EQ(c.direct_reads, 0u);  // no O_DIRECT option
+  EXPECT_EQ(c.syncs, 1u);
+  EXPECT_EQ(c.truncates, 1u);
+  EXPECT_EQ(c.removes, 1u);
+  EXPECT_EQ(c.errors, 2u);
+  EXPECT_EQ(c.corrupt, 1u);
+  EXPECT_EQ(c.no_space, 0u);
+  EXPECT_GE(s->uptime_ms, before->uptime_ms);
+  EXPECT_EQ(service_.stats(d).status().code(), Code::kInvalid) << "Stats carries no bulk";
 }
 
 }  // namespace

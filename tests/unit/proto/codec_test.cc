@@ -219,6 +219,20 @@ TEST(CodecTest, EveryDataMessageRoundTrips) {
   round_trip(data::DropCachesReq{});
   round_trip(data::DropCachesReq{{TargetId{2}, TargetId{9}}});
   round_trip(data::DropCachesResp{3, 1000, 12});
+  data::StatsResp stats{123456, {}};
+  data::TargetCounters c;
+  uint64_t v = 1;
+  c.visit_fields([&](auto&... f) { ((f = v++ * 1000003), ...); });  // each field a value of its own
+  stats.targets.push_back(data::TargetStats{TargetId{4}, c});
+  stats.targets.push_back(data::TargetStats{TargetId{9}, data::TargetCounters{}});
+  const data::StatsResp back = round_trip(stats);
+  ASSERT_EQ(back.targets.size(), 2u);
+  EXPECT_EQ(back.uptime_ms, 123456u);
+  EXPECT_EQ(back.targets[0].target, TargetId{4});
+  EXPECT_EQ(back.targets[0].counters.reads, 1000003u);
+  EXPECT_EQ(back.targets[0].counters.no_space, 13u * 1000003u);
+  EXPECT_EQ(back.targets[1].counters.reads, 0u);
+  EXPECT_EQ(encode(data::TargetCounters{}).size(), 13u * 8u);
 }
 
 TEST(CodecTest, EmptyMessage) {
