@@ -4,16 +4,22 @@
 //   penstock status [--meta HOST:PORT]
 //   penstock df [--meta HOST:PORT]
 //   penstock scrub [--meta HOST:PORT] [--dry-run] [--timeout-s N]
+//   penstock stats [--meta HOST:PORT] [--interval S] [--json]
 // `layout` works on a mounted path through the virtual xattr user.penstock.layout (served by
-// penstock-mount); `status`, `df` and `scrub` talk to penstock-meta directly, without a session.
+// penstock-mount); `status`, `df` and `scrub` talk to penstock-meta directly, without a session,
+// `stats` to penstock-meta for the cluster map and then to every online data server.
 #include <sys/xattr.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -172,12 +178,141 @@ int scrub(const std::string& meta, bool dry_run, double timeout_s) {
   return 0;
 }
 
+using penstock::proto::data::TargetCounters;
+
+// a - b, field by field (counters between two snapshots).
+TargetCounters minus(const TargetCounters& a, const TargetCounters& b) {
+  TargetCounters d;
+  d.visit_fields([&](auto&... out) {
+    a.visit_fields([&](const auto&... x) {
+      b.visit_fields([&](const auto&... y) { ((out = x >= y ? x - y : 0), ...); });
+    });
+  });
+  return d;
+}
+
+std::string percent(uint64_t part, uint64_t whole) {
+  if (whole == 0) return "-";
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%.0f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
+  return buf;
+}
+
+std::string duration(uint64_t ms) {
+  const uint64_t s = ms / 1000;
+  char buf[48];
+  if (s >= 86400) {
+    std::snprintf(buf, sizeof(buf), "%llud %lluh", static_cast<unsigned long long>(s / 86400),
+                  static_cast<unsigned long long>(s % 86400 / 3600));
+  } else if (s >= 3600) {
+    std::snprintf(buf, sizeof(buf), "%lluh %llum", static_cast<unsigned long long>(s / 3600),
+                  static_cast<unsigned long long>(s % 3600 / 60));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%llum %llus", static_cast<unsigned long long>(s / 60),
+                  static_cast<unsigned long long>(s % 60));
+  }
+  return buf;
+}
+
+void print_stats_json(const penstock::client::Client::DataServerStats& n, const penstock::proto::data::TargetStats& t,
+                      double interval_s) {
+  const TargetCounters& c = t.counters;
+  std::printf("{\"node\":%llu,\"address\":\"%s\",\"uptime_ms\":%llu,\"interval_s\":%g,\"target\":%llu,"
+              "\"reads\":%llu,\"read_bytes\":%llu,\"sequential_reads\":%llu,\"direct_reads\":%llu,"
+              "\"unread_reads\":%llu,\"writes\":%llu,\"write_bytes\":%llu,\"truncates\":%llu,\"removes\":%llu,"
+              "\"syncs\":%llu,\"errors\":%llu,\"corrupt\":%llu,\"no_space\":%llu}\n",
+              static_cast<unsigned long long>(n.node.id.value), n.node.address.c_str(),
+              static_cast<unsigned long long>(n.stats.uptime_ms), interval_s,
+              static_cast<unsigned long long>(t.target.value), static_cast<unsigned long long>(c.reads),
+              static_cast<unsigned long long>(c.read_bytes), static_cast<unsigned long long>(c.sequential_reads),
+              static_cast<unsigned long long>(c.direct_reads), static_cast<unsigned long long>(c.unread_reads),
+              static_cast<unsigned long long>(c.writes), static_cast<unsigned long long>(c.write_bytes),
+              static_cast<unsigned long long>(c.truncates), static_cast<unsigned long long>(c.removes),
+              static_cast<unsigned long long>(c.syncs), static_cast<unsigned long long>(c.errors),
+              static_cast<unsigned long long>(c.corrupt), static_cast<unsigned long long>(c.no_space));
+}
+
+// One table row: counts since start, or (interval_s > 0) per second over the interval.
+void print_stats_row(const penstock::proto::data::TargetStats& t, double interval_s) {
+  const TargetCounters& c = t.counters;
+  auto count = [&](uint64_t v) {
+    char buf[32];
+    if (interval_s > 0) {
+      std::snprintf(buf, sizeof(buf), "%.1f", static_cast<double>(v) / interval_s);
+    } else {
+      std::snprintf(buf, sizeof(buf), "%llu", static_cast<unsigned long long>(v));
+    }
+    return std::string(buf);
+  };
+  auto bytes = [&](uint64_t v) {
+    return interval_s > 0 ? human(static_cast<uint64_t>(static_cast<double>(v) / interval_s)) + "/s" : human(v);
+  };
+  std::printf("  %-6llu %10s %12s %5s %7s %7s %10s %12s %6s %6s %6s %7s %7s %8s\n",
+              static_cast<unsigned long long>(t.target.value), count(c.reads).c_str(), bytes(c.read_bytes).c_str(),
+              percent(c.sequential_reads, c.reads).c_str(), percent(c.direct_reads, c.reads).c_str(),
+              percent(c.unread_reads, c.reads).c_str(), count(c.writes).c_str(), bytes(c.write_bytes).c_str(),
+              count(c.truncates).c_str(), count(c.removes).c_str(), count(c.syncs).c_str(), count(c.errors).c_str(),
+              count(c.corrupt).c_str(), count(c.no_space).c_str());
+}
+
+// `penstock stats`: every online data server's counters per target, since it started, or with
+// `interval_s` what changed over that many seconds, per second.
+int stats(const std::string& meta, double interval_s, bool json) {
+  auto c = connect(meta);
+  if (!c.has_value()) return fail(c.error().message());
+  auto first = (*c)->data_stats();
+  if (!first.has_value()) return fail(first.error().to_string());
+  std::vector<penstock::client::Client::DataServerStats> shown = std::move(*first);
+  if (interval_s > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(interval_s * 1000)));
+    auto second = (*c)->data_stats();
+    if (!second.has_value()) return fail(second.error().to_string());
+    for (auto& now : *second) {
+      auto before = std::find_if(shown.begin(), shown.end(), [&](const auto& b) { return b.node.id == now.node.id; });
+      // A server that restarted meanwhile, or was not asked the first time, shows what it has.
+      if (before == shown.end() || !before->status.is_ok() || before->stats.uptime_ms > now.stats.uptime_ms) {
+        continue;
+      }
+      for (auto& t : now.stats.targets) {
+        for (const auto& b : before->stats.targets) {
+          if (b.target == t.target) t.counters = minus(t.counters, b.counters);
+        }
+      }
+    }
+    shown = std::move(*second);
+  }
+  int failed = 0;
+  for (const auto& n : shown) {
+    if (!n.status.is_ok()) {
+      ++failed;
+      std::string hint;
+      if (n.status.code() == penstock::Code::kNotSupported) hint = " (a penstock-data older than stats; upgrade it)";
+      std::fprintf(stderr, "penstock: data server %s (node %llu): %s%s\n", n.node.address.c_str(),
+                   static_cast<unsigned long long>(n.node.id.value), n.status.to_string().c_str(), hint.c_str());
+      continue;
+    }
+    if (json) {
+      for (const auto& t : n.stats.targets) print_stats_json(n, t, interval_s);
+      continue;
+    }
+    std::printf("data server %s (node %llu), up %s%s\n", n.node.address.c_str(),
+                static_cast<unsigned long long>(n.node.id.value), duration(n.stats.uptime_ms).c_str(),
+                interval_s > 0 ? ", per second over the interval" : "");
+    std::printf("  %-6s %10s %12s %5s %7s %7s %10s %12s %6s %6s %6s %7s %7s %8s\n", "TARGET", "READS", "READ", "SEQ%",
+                "DIRECT%", "UNREAD%", "WRITES", "WRITTEN", "TRUNC", "REMOVE", "SYNC", "ERRORS", "CORRUPT", "NO-SPACE");
+    for (const auto& t : n.stats.targets) print_stats_row(t, interval_s);
+  }
+  if (shown.empty()) std::printf("no data server is online\n");
+  if (failed > 0) return fail(std::to_string(failed) + " data server(s) gave no counters (see above)");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   penstock::set_log_level(penstock::LogLevel::kWarn);
   penstock::set_log_component("cli");
-  CLI::App app{"penstock: administer a Penstock file system (cluster status, space, directory layouts, scrub)."};
+  CLI::App app{"penstock: administer a Penstock file system (cluster status, space, directory layouts, scrub, server counters)."};
   app.require_subcommand(1);
 
   auto* layout = app.add_subcommand("layout", "show or set file and directory layouts (on a mounted path)");
@@ -208,11 +343,24 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1.0, 604800.0));
 
+  double interval_s = 0;
+  bool json = false;
+  auto* stc = app.add_subcommand(
+      "stats", "show what each data server's targets served: reads, bytes, how reads went (sequential, O_DIRECT, "
+               "sent unread), writes, errors");
+  stc->add_option("--meta", meta, "penstock-meta address host:port")->capture_default_str();
+  stc->add_option("--interval", interval_s,
+                  "seconds to watch: print what changed over them, per second (0: totals since each server started)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86400.0));
+  stc->add_flag("--json", json, "one JSON object per target and line instead of the table");
+
   CLI11_PARSE(app, argc, argv);
   if (lget->parsed()) return layout_get(get_path);
   if (lset->parsed()) return layout_set(set_dir, chunk_size, stripe_count);
   if (st->parsed()) return status(meta);
   if (dfc->parsed()) return df(meta);
   if (scc->parsed()) return scrub(meta, dry_run, timeout_s);
+  if (stc->parsed()) return stats(meta, interval_s, json);
   return fail("no command given; see --help");
 }

@@ -829,6 +829,44 @@ Result<std::shared_ptr<rpc::RpcClient>> Client::data_client(const std::string& a
   return it->second;
 }
 
+template <class M>
+Status Client::call_online_data_servers(const typename M::Request& req, std::vector<proto::NodeInfo>* nodes,
+                                        std::vector<Status>* statuses, std::vector<typename M::Response>* replies) {
+  PENSTOCK_RETURN_IF_ERROR(refresh_map());
+  auto current = routes();
+  nodes->clear();
+  for (const proto::NodeInfo& n : current->map().nodes) {
+    if (n.online) nodes->push_back(n);  // an offline node serves nothing and caches nothing for us
+  }
+  auto completion = std::make_shared<Completion>(nodes->size());
+  auto answers = std::make_shared<std::vector<typename M::Response>>(nodes->size());
+  for (size_t i = 0; i < nodes->size(); ++i) {
+    auto rpc = data_client((*nodes)[i].address);
+    if (!rpc.has_value()) {
+      completion->set(i, rpc.error());
+      continue;
+    }
+    (*rpc)->template call_async<M>(req, {}, [completion, answers, i](Result<typename M::Response> r) {
+      if (r.has_value()) (*answers)[i] = std::move(*r);
+      completion->set(i, r.status());
+    });
+  }
+  *statuses = completion->wait();
+  *replies = std::move(*answers);
+  return Status::ok();
+}
+
+Result<std::vector<Client::DataServerStats>> Client::data_stats() {
+  std::vector<proto::NodeInfo> nodes;
+  std::vector<Status> results;
+  std::vector<data::StatsResp> replies;
+  PENSTOCK_RETURN_IF_ERROR(call_online_data_servers<data::Stats>(proto::Empty{}, &nodes, &results, &replies)
+                               .with_context("data server stats: fetching the cluster map"));
+  std::vector<DataServerStats> out(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) out[i] = DataServerStats{nodes[i], results[i], std::move(replies[i])};
+  return out;
+}
+
 Status Client::drop_caches() {
   const uint64_t blocks = cache_->clear();
   // The meta server's record and block caches; an older server has none to drop.
@@ -838,36 +876,20 @@ Status Client::drop_caches() {
   } else if (r.status().code() != Code::kNotSupported) {
     return r.status().with_context("DropCaches on the meta server");
   }
-  PENSTOCK_RETURN_IF_ERROR(refresh_map().with_context("drop caches: fetching the cluster map"));
-  auto current = routes();
   std::vector<proto::NodeInfo> nodes;
-  for (const proto::NodeInfo& n : current->map().nodes) {
-    if (n.online) nodes.push_back(n);  // an offline node serves nothing and caches nothing for us
-  }
-  auto completion = std::make_shared<Completion>(nodes.size());
-  auto replies = std::make_shared<std::vector<data::DropCachesResp>>(nodes.size());
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    auto rpc = data_client(nodes[i].address);
-    if (!rpc.has_value()) {
-      completion->set(i, rpc.error());
-      continue;
-    }
-    (*rpc)->call_async<data::DropCaches>(data::DropCachesReq{}, {},
-                                         [completion, replies, i](Result<data::DropCachesResp> r) {
-                                           if (r.has_value()) (*replies)[i] = *r;
-                                           completion->set(i, r.status());
-                                         });
-  }
-  std::vector<Status> results = completion->wait();
+  std::vector<Status> results;
+  std::vector<data::DropCachesResp> replies;
+  PENSTOCK_RETURN_IF_ERROR(call_online_data_servers<data::DropCaches>(data::DropCachesReq{}, &nodes, &results, &replies)
+                               .with_context("drop caches: fetching the cluster map"));
   data::DropCachesResp total;
   for (size_t i = 0; i < nodes.size(); ++i) {
     if (!results[i].is_ok()) {
       return results[i].with_context("DropCaches on data server " + nodes[i].address + " (node " +
                                      nodes[i].id.to_string() + ")");
     }
-    total.targets += (*replies)[i].targets;
-    total.files += (*replies)[i].files;
-    total.fds_closed += (*replies)[i].fds_closed;
+    total.targets += replies[i].targets;
+    total.files += replies[i].files;
+    total.fds_closed += replies[i].fds_closed;
   }
   PENSTOCK_LOG(Info) << "caches dropped: " << blocks << " client cache block(s); on the meta server "
                      << meta_bytes << " bytes of records and blocks; on " << nodes.size() << " data server(s), "

@@ -309,6 +309,17 @@ class Client {
   // Write-behind buffers are not touched. Errors: the first failing server's error with its
   // address (kUnavailable, kTimeout, kIo), or the meta server's error. Thread-safe.
   Status drop_caches();
+  // One data server's counters (proto::data::Stats), or why it gave none: kNotSupported from a
+  // server older than the method, kUnavailable/kTimeout when it cannot be reached.
+  struct DataServerStats {
+    proto::NodeInfo node;
+    Status status;
+    proto::data::StatsResp stats;
+  };
+  // The counters of every online data server of a freshly fetched cluster map, asked all at once,
+  // in map order (`penstock stats`). Errors: only fetching the map; a server's own failure is in
+  // its entry. Thread-safe.
+  Result<std::vector<DataServerStats>> data_stats();
   uint64_t dirty_bytes() const { return budget_ ? budget_->used() : 0; }
   // flush() (unless `flush_writes` is false: a handle opened read-only, which must neither wait
   // for nor take the write errors that belong to a writer's close), then queues the Release for
@@ -375,6 +386,12 @@ class Client {
   Status refresh_map();
   std::shared_ptr<const ClusterRoutes> routes() const;
   Result<std::shared_ptr<rpc::RpcClient>> data_client(const std::string& address);
+  // Calls M with `req` on every online data server of a freshly fetched cluster map, all at once;
+  // waits for every answer. `nodes` gets those servers in map order, `statuses` and `replies`
+  // each one's result (a reply is default-constructed where its status is not ok).
+  template <class M>
+  Status call_online_data_servers(const typename M::Request& req, std::vector<proto::NodeInfo>* nodes,
+                                  std::vector<Status>* statuses, std::vector<typename M::Response>* replies);
   Result<Route> resolve(const ClusterRoutes& routes, const DataTask& task) const;
   // Runs every task in parallel and waits for all (one task alone: a blocking call on this thread).
   // A task whose route is unknown, or whose call fails with kUnavailable or kNotFound, makes the

@@ -4,6 +4,7 @@
 // `penstock-bench --drop-caches` on a Penstock mount uses it. And data servers at
 // --direct-read-min, whose cold reads of large files leave their page cache empty.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -61,6 +62,17 @@ struct ChunkPages {
   *pages = all.long_pages;
   *files = all.long_files;
   return r;
+}
+
+// The sum over every target of one counter in `penstock stats --json` output (one object per
+// target and line), e.g. "sequential_reads"; -1 when no line has it.
+int64_t stats_sum(const std::string& json_lines, const std::string& key) {
+  const std::string needle = "\"" + key + "\":";
+  int64_t sum = -1;
+  for (size_t at = json_lines.find(needle); at != std::string::npos; at = json_lines.find(needle, at + 1)) {
+    sum = std::max<int64_t>(sum, 0) + std::strtoll(json_lines.c_str() + at + needle.size(), nullptr, 10);
+  }
+  return sum;
 }
 
 // A log file's text ("" when it cannot be read; the assertions on its contents then fail).
@@ -131,6 +143,45 @@ TEST_F(DropCachesTest, XattrDropsClientAndServerCachesAndKeepsData) {
   EXPECT_GT(last_client_blocks_dropped(slurp(cluster_.state_dir() + "/logs/mount1.log")), 0);
 }
 
+// `penstock stats`: a table per data server, JSON lines per target, totals or an interval's rates;
+// a bad address and a server that does not answer are errors that say which.
+TEST_F(DropCachesTest, StatsShowEveryTargetAndReportAServerThatDoesNotAnswer) {
+  const std::string penstock = build_dir() + "/tools/penstock";
+  const std::string file = cluster_.mount_path() + "/counted.bin";
+  const std::string data = pattern(3u << 20, 0, 43);
+  ASSERT_TRUE(write_file(file, data));
+  CommandResult r = run_command({penstock, "stats", "--meta", cluster_.meta_addr()}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  size_t servers = 0;
+  for (size_t at = r.output.find("data server "); at != std::string::npos; at = r.output.find("data server ", at + 1)) {
+    ++servers;
+  }
+  EXPECT_EQ(servers, 3u) << r.output;
+  EXPECT_NE(r.output.find("TARGET"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("NO-SPACE"), std::string::npos) << r.output;
+
+  r = run_command({penstock, "stats", "--meta", cluster_.meta_addr(), "--json"}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(stats_sum(r.output, "write_bytes"), static_cast<int64_t>(data.size())) << r.output;
+  EXPECT_EQ(stats_sum(r.output, "errors"), 0) << r.output;
+  // Nothing happens during the interval: every rate is 0.
+  r = run_command({penstock, "stats", "--meta", cluster_.meta_addr(), "--json", "--interval", "0.5"}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(stats_sum(r.output, "write_bytes"), 0) << r.output;
+  EXPECT_NE(r.output.find("\"interval_s\":0.5"), std::string::npos) << r.output;
+
+  r = run_command({penstock, "stats", "--meta", "127.0.0.1:1"}, 60);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("penstock:"), std::string::npos) << r.output;
+  // A data server killed before the meta server noticed: the others still report, the command fails
+  // and names the one that did not answer.
+  ASSERT_EQ(::kill(cluster_.pid_of("data2"), SIGKILL), 0);
+  r = run_command({penstock, "stats", "--meta", cluster_.meta_addr(), "--json"}, 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '{'), 2) << r.output;
+  EXPECT_NE(r.output.find("gave no counters"), std::string::npos) << r.output;
+}
+
 TEST_F(DropCachesTest, XattrIsVirtual) {
   const std::string file = cluster_.mount_path() + "/f";
   ASSERT_TRUE(write_file(file, "x"));
@@ -199,10 +250,10 @@ TEST(DirectReadsTest, RandomColdReadsOfLargeFilesSkipTheServersPageCacheStreamsA
   ASSERT_TRUE(write_file(large, large_data));
   ASSERT_TRUE(write_file(small, small_data));
   // Every cache the reads could be served from: the servers' and the mount's (xattr), the kernel's
-  // page cache of the mounted files.
-  auto drop_all = [&] {
+  // page cache of the mounted files named (opening the small file reads it whole, ahead).
+  auto drop_all = [&](std::initializer_list<std::string> files) {
     ASSERT_EQ(::setxattr(cluster.mount_path().c_str(), kDropXattr, "1", 1, 0), 0) << errno_name(errno);
-    for (const auto& path : {large, small}) {
+    for (const auto& path : files) {
       UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
       ASSERT_GE(fd.get(), 0) << errno_name(errno);
       ASSERT_EQ(::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED), 0);
@@ -213,8 +264,23 @@ TEST(DirectReadsTest, RandomColdReadsOfLargeFilesSkipTheServersPageCacheStreamsA
   const bool direct = data_logs.find("refuses O_DIRECT") == std::string::npos;
   if (!direct) std::printf("note: the targets' file system refuses O_DIRECT; the buffered fallback read the bytes\n");
 
+  // `penstock stats` says how the servers served the reads: what changed since the last call.
+  const std::string penstock = build_dir() + "/tools/penstock";
+  struct Reads {
+    int64_t reads, sequential, direct;
+  };
+  auto read_counters = [&] {
+    CommandResult r = run_command({penstock, "stats", "--meta", cluster.meta_addr(), "--json"}, 60);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 3) << "one line per target:\n" << r.output;
+    return Reads{stats_sum(r.output, "reads"), stats_sum(r.output, "sequential_reads"),
+                 stats_sum(r.output, "direct_reads")};
+  };
+  const Reads before = read_counters();
+  ASSERT_GE(before.reads, 0);
+
   // Samples at scattered offsets, none where another ended: random reads for the mount.
-  drop_all();
+  drop_all({large});
   {
     UniqueFd fd(::open(large.c_str(), O_RDONLY | O_CLOEXEC));
     ASSERT_GE(fd.get(), 0) << errno_name(errno);
@@ -227,6 +293,10 @@ TEST(DirectReadsTest, RandomColdReadsOfLargeFilesSkipTheServersPageCacheStreamsA
       EXPECT_TRUE(same_bytes(large_data.substr(off, want), sample.substr(0, want))) << "at " << off;
     }
   }
+  const Reads after_random = read_counters();
+  EXPECT_GE(after_random.reads - before.reads, 4);
+  EXPECT_EQ(after_random.sequential - before.sequential, 0) << "random samples were marked sequential";
+  if (direct) EXPECT_GE(after_random.direct - before.direct, 4) << "random cold reads did not use O_DIRECT";
   ChunkPages pages;
   ASSERT_TRUE(cached_chunk_pages_by_size(cluster.state_dir(), 1u << 20, &pages));
   if (direct) {
@@ -238,7 +308,7 @@ TEST(DirectReadsTest, RandomColdReadsOfLargeFilesSkipTheServersPageCacheStreamsA
   }
 
   // The whole file in order, and the small file: through the servers' page cache.
-  drop_all();
+  drop_all({large, small});
   std::string got;
   ASSERT_TRUE(read_file(large, &got));
   EXPECT_TRUE(same_bytes(large_data, got));
@@ -249,6 +319,9 @@ TEST(DirectReadsTest, RandomColdReadsOfLargeFilesSkipTheServersPageCacheStreamsA
   EXPECT_GE(pages.long_pages, (6u << 20) / 4096) << "a sequential read of a large file skipped the servers' page cache";
   EXPECT_EQ(pages.short_files, 1u);
   EXPECT_GE(pages.short_pages, small_data.size() / 4096) << "the small file's chunk was not read through the page cache";
+  const Reads after_sequential = read_counters();
+  EXPECT_GT(after_sequential.sequential - after_random.sequential, 0) << "the mount's read-ahead was not marked sequential";
+  EXPECT_EQ(after_sequential.direct - after_random.direct, 0) << "a stream or a small file was read with O_DIRECT";
   EXPECT_TRUE(cluster.down());
 }
 
