@@ -296,7 +296,9 @@ TEST(DirectReadsTest, RandomColdReadsOfLargeFilesSkipTheServersPageCacheStreamsA
   const Reads after_random = read_counters();
   EXPECT_GE(after_random.reads - before.reads, 4);
   EXPECT_EQ(after_random.sequential - before.sequential, 0) << "random samples were marked sequential";
-  if (direct) EXPECT_GE(after_random.direct - before.direct, 4) << "random cold reads did not use O_DIRECT";
+  if (direct) {
+    EXPECT_GE(after_random.direct - before.direct, 4) << "random cold reads did not use O_DIRECT";
+  }
   ChunkPages pages;
   ASSERT_TRUE(cached_chunk_pages_by_size(cluster.state_dir(), 1u << 20, &pages));
   if (direct) {
