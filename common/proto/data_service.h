@@ -78,34 +78,41 @@ struct ListInodesResp {
   PENSTOCK_FIELDS(inodes, more);
 };
 
-// What one target served since its data server started, for `penstock stats`: requests answered
-// (failed ones included), bytes moved, how reads went. Counters only grow; a restart of the data
-// server starts them at 0 again (StatsResp::uptime_ms says when). `Count` is uint64_t on the wire;
-// the data server keeps them as relaxed atomics of the same layout.
+// What one target served since its data server started, for `penstock stats`: its Write, Read,
+// Truncate, Remove and Sync requests answered (failed ones included; DropCaches and ListInodes are
+// not counted), bytes moved, how reads went. Counters only grow; a restart of the data server
+// starts them at 0 again (StatsResp::uptime_ms says when). `Count` is uint64_t on the wire; the
+// data server keeps them as relaxed atomics of the same layout, read one by one, so a snapshot
+// under load may be a request apart between fields.
 template <class Count>
 struct TargetCountersOf {
   Count reads{};             // Read requests of the target
   Count read_bytes{};        // bytes they answered (holes count none)
-  Count sequential_reads{};  // reads marked ReadReq::sequential (a stream the client reads ahead of)
+  Count sequential_reads{};  // of the reads answered, those marked ReadReq::sequential (a stream read ahead)
   Count direct_reads{};      // reads whose bytes came from the disk with O_DIRECT
-  Count unread_reads{};      // reads sent from the page cache unread, for the client to verify
+  Count unread_reads{};      // reads answered with bytes sent from the page cache unread (client verifies)
   Count writes{};            // Write requests
   Count write_bytes{};       // bytes they wrote
   Count truncates{};
   Count removes{};
   Count syncs{};
-  Count errors{};            // requests of any kind answered with an error
-  Count corrupt{};           // of them, a block failing its checksum (kCorrupt)
-  Count no_space{};          // of them, a write refused for a full disk (kNoSpace)
+  Count errors{};            // of those requests, the ones answered with an error
+  Count corrupt{};           // of them, kCorrupt: a block failing its checksum, a damaged chunk header
+  Count no_space{};          // of them, kNoSpace: a full disk or quota (ENOSPC, EDQUOT)
   PENSTOCK_FIELDS(reads, read_bytes, sequential_reads, direct_reads, unread_reads, writes, write_bytes, truncates,
                   removes, syncs, errors, corrupt, no_space);
 };
 using TargetCounters = TargetCountersOf<uint64_t>;
-struct TargetStats { TargetId target; TargetCounters counters; PENSTOCK_FIELDS(target, counters); };
+struct TargetStats {
+  TargetId target;
+  TargetCounters counters;
+  PENSTOCK_FIELDS(target, counters);
+};
 struct StatsResp {
-  uint64_t uptime_ms = 0;            // since the data server started
-  std::vector<TargetStats> targets;  // every target it serves, by id
-  PENSTOCK_FIELDS(uptime_ms, targets);
+  uint64_t uptime_ms = 0;              // since the data server started
+  std::vector<TargetStats> targets;    // every target it serves now, by id
+  std::vector<MethodStats> methods;    // every method it has handled, by name (none called: left out)
+  PENSTOCK_FIELDS(uptime_ms, targets, methods);
 };
 
 using ServiceId = ::penstock::proto::ServiceId;

@@ -254,6 +254,14 @@ struct ScrubResp {
   PENSTOCK_FIELDS(targets, targets_failed, inodes, orphans, removed, unknown, errors);
 };
 
+// What the meta server handled since it started, per method (`penstock stats`): by name, methods
+// never called left out.
+struct ServerStatsResp {
+  uint64_t uptime_ms = 0;
+  std::vector<MethodStats> methods;
+  PENSTOCK_FIELDS(uptime_ms, methods);
+};
+
 // ---- exactly-once changes (a reply cache the meta server keeps on disk) ----
 // A change sent as Replay carries its session, a reply slot and a sequence number. The meta server
 // writes the change's reply into the change's own write batch, keyed by (session, slot), so a
@@ -305,6 +313,7 @@ PENSTOCK_METHOD(SyncLog, ServiceId::kMeta, 45, Empty, Empty);
 PENSTOCK_METHOD(DropCaches, ServiceId::kMeta, 46, Empty, DropCachesResp);
 PENSTOCK_METHOD(Scrub, ServiceId::kMeta, 47, ScrubReq, ScrubResp);
 PENSTOCK_METHOD(ReclaimOpens, ServiceId::kMeta, 48, ReclaimOpensReq, Empty);
+PENSTOCK_METHOD(ServerStats, ServiceId::kMeta, 49, Empty, ServerStatsResp);
 PENSTOCK_METHOD(GetLayout, ServiceId::kMeta, 50, InodeReq, LayoutResp);
 PENSTOCK_METHOD(SetLayout, ServiceId::kMeta, 51, SetLayoutReq, Empty);
 PENSTOCK_METHOD(GetClusterMap, ServiceId::kMeta, 60, Empty, ClusterMapResp);

@@ -68,6 +68,17 @@ struct NodeInfo {
   PENSTOCK_FIELDS(id, address, online, last_heartbeat_ns);
 };
 
+// What one RPC method of a server handled since the server started (`penstock stats`): calls
+// (over TCP and RDMA), of them those answered with an error, and the time its handler ran, from
+// decoding the request to encoding the response, in microseconds (queueing not included).
+struct MethodStats {
+  std::string name;  // the method's name in common/proto/*_service.h
+  uint64_t calls = 0;
+  uint64_t errors = 0;
+  uint64_t busy_us = 0;
+  PENSTOCK_FIELDS(name, calls, errors, busy_us);
+};
+
 struct ChainInfo {
   ChainId id;
   std::vector<TargetId> targets;  // head first; v0 has one target per chain

@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -97,11 +98,19 @@ const char* service_name(proto::ServiceId s) {
   return "unknown";
 }
 
+// What a handler has done (RpcServer::method_stats): relaxed, each counter on its own.
+struct MethodCounters {
+  std::atomic<uint64_t> calls{0};
+  std::atomic<uint64_t> errors{0};
+  std::atomic<uint64_t> busy_ns{0};
+};
+
 struct HandlerEntry {
   std::string name;
   RpcServer::RawHandler fn;
   Dispatch dispatch = Dispatch::kWorker;
   RpcServer::ReplyBound reply_bound;  // may be empty
+  std::unique_ptr<MethodCounters> counters = std::make_unique<MethodCounters>();
 };
 
 struct Response {
@@ -155,7 +164,7 @@ Response make_response(const proto::FrameHeader& req, Result<std::string> result
 
 // Runs a handler; an exception becomes kInternal (handlers should not throw, but one must not take
 // the server down).
-Result<std::string> invoke(const HandlerEntry& entry, std::span<const uint8_t> message, RequestContext& ctx) {
+Result<std::string> run_handler(const HandlerEntry& entry, std::span<const uint8_t> message, RequestContext& ctx) {
   try {
     return entry.fn(message, ctx);
   } catch (const std::exception& e) {
@@ -163,6 +172,20 @@ Result<std::string> invoke(const HandlerEntry& entry, std::span<const uint8_t> m
   } catch (...) {
     return Status(Code::kInternal, "handler " + entry.name + " threw a non-standard exception");
   }
+}
+
+void count_in(MethodCounters& c, bool ok, std::chrono::nanoseconds busy) {
+  c.calls.fetch_add(1, std::memory_order_relaxed);
+  if (!ok) c.errors.fetch_add(1, std::memory_order_relaxed);
+  c.busy_ns.fetch_add(static_cast<uint64_t>(std::max<int64_t>(busy.count(), 0)), std::memory_order_relaxed);
+}
+
+// run_handler, counted in the entry's MethodCounters.
+Result<std::string> invoke(const HandlerEntry& entry, std::span<const uint8_t> message, RequestContext& ctx) {
+  const auto start = std::chrono::steady_clock::now();
+  Result<std::string> r = run_handler(entry, message, ctx);
+  count_in(*entry.counters, r.has_value(), std::chrono::steady_clock::now() - start);
+  return r;
 }
 
 }  // namespace
@@ -192,6 +215,7 @@ struct ServerState {
   }
 
   ServerOptions options;
+  const std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
   std::unordered_map<uint32_t, HandlerEntry> handlers;  // frozen by start()
   net::IoPool pool;  // the I/O threads, one context each; connections spread over them
   Strand accept_strand;
@@ -776,6 +800,30 @@ Status RpcServer::start() {
 }
 
 uint16_t RpcServer::port() const { return impl_->port; }
+
+std::vector<proto::MethodStats> RpcServer::method_stats() const {
+  std::vector<proto::MethodStats> out;
+  for (const auto& [key, entry] : impl_->handlers) {
+    const MethodCounters& c = *entry.counters;
+    const uint64_t calls = c.calls.load(std::memory_order_relaxed);
+    if (calls == 0) continue;
+    out.push_back(proto::MethodStats{entry.name, calls, c.errors.load(std::memory_order_relaxed),
+                                     c.busy_ns.load(std::memory_order_relaxed) / 1000});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  return out;
+}
+
+void RpcServer::count_call(proto::ServiceId service, uint16_t method, bool ok, std::chrono::nanoseconds busy) {
+  auto it = impl_->handlers.find(handler_key(service, method));
+  if (it != impl_->handlers.end()) count_in(*it->second.counters, ok, busy);
+}
+
+uint64_t RpcServer::uptime_ms() const {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::steady_clock::now() - impl_->created)
+                                   .count());
+}
 
 uint16_t RpcServer::rdma_port() const { return impl_->rdma ? impl_->rdma->port() : 0; }
 

@@ -10,6 +10,7 @@
 // Thread-safety: register handlers before start(); after that every method is thread-safe.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -23,6 +24,7 @@
 #include "common/net/endpoint.h"
 #include "common/proto/codec.h"
 #include "common/proto/method.h"
+#include "common/proto/types.h"
 #include "common/rpc/file_bulk.h"
 
 namespace penstock::rpc {
@@ -149,6 +151,16 @@ class RpcServer {
   uint16_t rdma_port() const;
   // Stops accepting, closes connections, waits for running handlers. Idempotent.
   void stop();
+
+  // Every method called at least once since construction, by name: calls, errors, handler time
+  // (penstock stats). Safe from any thread, a handler's included; the counters are read one by one.
+  std::vector<proto::MethodStats> method_stats() const;
+  // Milliseconds since construction.
+  uint64_t uptime_ms() const;
+  // Counts a call of (service, method) that a handler of another method ran itself (penstock-meta's
+  // Replay runs the change it carries): in method_stats() under that method's name. Nothing when
+  // the method has no handler.
+  void count_call(proto::ServiceId service, uint16_t method, bool ok, std::chrono::nanoseconds busy);
 
  private:
   void add_handler(proto::ServiceId service, uint16_t method, std::string name, Dispatch dispatch,

@@ -92,7 +92,7 @@ Result<proto::data::ReadResp> ChunkService::read(const proto::data::ReadReq& req
   Counters& c = store->counters();
   if (req.sequential) c.sequential_reads.fetch_add(1, std::memory_order_relaxed);
   if (r->unread.has_value()) {
-    c.unread_reads.fetch_add(1, std::memory_order_relaxed);
+    if (r->unread->length > 0) c.unread_reads.fetch_add(1, std::memory_order_relaxed);  // a hole sends nothing
     c.read_bytes.fetch_add(r->unread->length, std::memory_order_relaxed);
     proto::data::ReadResp resp{r->unread->length, std::move(r->unread->block_sums)};
     r->unread->block_sums.clear();

@@ -91,7 +91,11 @@ Status DataServer::start() {
   });
   // Counters only: on the I/O thread, as soon as it is read.
   server_->handle<pd::Stats>(
-      [this](const proto::Empty&, rpc::RequestContext& ctx) { return service_.stats(ctx.bulk_in()); },
+      [this](const proto::Empty&, rpc::RequestContext& ctx) {
+        auto r = service_.stats(ctx.bulk_in());
+        if (r.has_value()) r->methods = server_->method_stats();
+        return r;
+      },
       rpc::Dispatch::kInline);
   // Directory listings: on the workers, never on an I/O thread.
   server_->handle<pd::ListInodes>([this](const pd::ListInodesReq& req, rpc::RequestContext& ctx) {

@@ -1,5 +1,6 @@
 #include "server/meta/meta_server.h"
 
+#include <chrono>
 #include <memory>
 #include <span>
 #include <string>
@@ -49,10 +50,11 @@ void handle_change(rpc::RpcServer& server, Changes& changes, rpc::RpcServer::Typ
 
 // The handler of Replay (`pool` kWorker), ReplayWaiting (kWaiting) or ReplayInline (kInline): runs
 // the carried change through MetaService::replay(); on an I/O thread without waiting for a repeat.
-rpc::RpcServer::TypedHandler<pm::Replay> replay_handler(MetaService& svc, std::shared_ptr<const Changes> changes,
-                                                         rpc::Dispatch pool) {
-  return [&svc, changes = std::move(changes), pool](const pm::ReplayReq& r,
-                                                    rpc::RequestContext& ctx) -> Result<pm::ReplayResp> {
+// The carried change also counts under its own name in `server`'s method stats (besides the envelope).
+rpc::RpcServer::TypedHandler<pm::Replay> replay_handler(rpc::RpcServer& server, MetaService& svc,
+                                                         std::shared_ptr<const Changes> changes, rpc::Dispatch pool) {
+  return [&server, &svc, changes = std::move(changes), pool](const pm::ReplayReq& r,
+                                                             rpc::RequestContext& ctx) -> Result<pm::ReplayResp> {
     auto it = changes->find(r.method);
     if (it == changes->end()) {
       // kInvalid, not kNotSupported: a mount takes that as a server without Replay.
@@ -64,9 +66,11 @@ rpc::RpcServer::TypedHandler<pm::Replay> replay_handler(MetaService& svc, std::s
     }
     const rpc::RpcServer::RawHandler& handler = it->second.handler;
     const bool may_wait = pool != rpc::Dispatch::kInline;
-    PENSTOCK_ASSIGN_OR_RETURN(std::string out,
-                              svc.replay(r, [&] { return handler(proto::bytes_of(r.message), ctx); }, may_wait));
-    return pm::ReplayResp{std::move(out)};
+    const auto start = std::chrono::steady_clock::now();
+    Result<std::string> out = svc.replay(r, [&] { return handler(proto::bytes_of(r.message), ctx); }, may_wait);
+    server.count_call(proto::ServiceId::kMeta, r.method, out.has_value(), std::chrono::steady_clock::now() - start);
+    if (!out.has_value()) return std::move(out).error();
+    return pm::ReplayResp{std::move(out).value()};
   };
 }
 
@@ -144,6 +148,13 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc, Envelopes 
     PENSTOCK_LOG(Info) << "DropCaches: " << r.bytes << " bytes of cached records and blocks dropped";
     return r;
   });
+  // Counters only: on the I/O thread.
+  server.handle<pm::ServerStats>(
+      [&server](const proto::Empty&, RequestContext& ctx) -> Result<pm::ServerStatsResp> {
+        if (!ctx.bulk_in().empty()) return Status(Code::kInvalid, "ServerStats carries no bulk bytes");
+        return pm::ServerStatsResp{server.uptime_ms(), server.method_stats()};
+      },
+      kInline);
   server.handle<pm::DirLease>([&svc](const pm::DirLeaseReq& r, RequestContext&) { return svc.dir_lease(r); });
   server.handle<pm::CreateBatch>(
       [&svc](const pm::CreateBatchReq& r, RequestContext&) { return svc.create_batch(r); });
@@ -158,10 +169,10 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc, Envelopes 
   server.handle<pm::NodeHeartbeat>(
       [&svc](const pm::NodeHeartbeatReq& r, RequestContext&) { return svc.node_heartbeat(r); });
   if (envelopes == Envelopes::kNone) return;
-  server.handle<pm::Replay>(replay_handler(svc, changes, rpc::Dispatch::kWorker));
-  server.handle<pm::ReplayWaiting>(replay_handler(svc, changes, rpc::Dispatch::kWaiting), rpc::Dispatch::kWaiting);
+  server.handle<pm::Replay>(replay_handler(server, svc, changes, rpc::Dispatch::kWorker));
+  server.handle<pm::ReplayWaiting>(replay_handler(server, svc, changes, rpc::Dispatch::kWaiting), rpc::Dispatch::kWaiting);
   if (envelopes == Envelopes::kNoInline) return;
-  server.handle<pm::ReplayInline>(replay_handler(svc, changes, kInline), kInline);
+  server.handle<pm::ReplayInline>(replay_handler(server, svc, changes, kInline), kInline);
 }
 
 MetaServer::MetaServer(MetaService& service, rpc::ServerOptions options, Envelopes envelopes)

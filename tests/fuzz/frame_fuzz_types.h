@@ -20,7 +20,7 @@ using FuzzMethods = std::tuple<
     m::GetXattr, m::SetXattr, m::ListXattr, m::RemoveXattr, m::Open, m::Release, m::ReportSize, m::GetLayout,
     m::SetLayout, m::GetClusterMap, m::RegisterNode, m::NodeHeartbeat,
     d::Write, d::Read, d::Truncate, d::Remove, d::Sync, m::ReleaseMany, d::DropCaches, m::DropCaches, d::ListInodes, m::Scrub, m::DirLease,
-    m::CreateBatch, m::ReclaimOpens, m::LookupOpen, m::Replay, d::Stats>;
+    m::CreateBatch, m::ReclaimOpens, m::LookupOpen, m::Replay, d::Stats, m::ServerStats>;
 
 inline constexpr size_t kFuzzMethodCount = std::tuple_size_v<FuzzMethods>;
 // Selector s picks method s / 2 % kFuzzMethodCount, its request when s is even, its response when odd.

@@ -372,6 +372,37 @@ TEST_F(RpcTest, ErrorStatusAndTextPropagate) {
   expect_echo_works();
 }
 
+// Per-method counters: calls, errors and handler time of each method called, by name; a call
+// another handler ran (count_call) under its own method; methods never called left out.
+TEST_F(RpcTest, MethodStatsCountCallsErrorsAndHandlerTime) {
+  EXPECT_TRUE(server_->method_stats().empty());
+  for (int i = 0; i < 3; ++i) expect_echo_works();
+  FailReq fail;
+  fail.code = static_cast<uint32_t>(Code::kNotFound);
+  fail.text = "counted";
+  ASSERT_FALSE(client_->call<Fail>(fail).has_value());
+  SleepReq sleep;
+  sleep.ms = 30;
+  ASSERT_TRUE(client_->call<Sleep>(sleep).has_value());
+  ASSERT_FALSE(client_->call<NotRegistered>(proto::Empty{}).has_value());  // no handler: no entry
+  server_->count_call(ServiceId::kData, Fail::kId, /*ok=*/true, 5ms);
+  server_->count_call(ServiceId::kData, NotRegistered::kId, /*ok=*/true, 5ms);  // ignored
+
+  const std::vector<proto::MethodStats> m = server_->method_stats();
+  ASSERT_EQ(m.size(), 3u);
+  EXPECT_EQ(m[0].name, "Echo");
+  EXPECT_EQ(m[0].calls, 3u);
+  EXPECT_EQ(m[0].errors, 0u);
+  EXPECT_EQ(m[1].name, "Fail");
+  EXPECT_EQ(m[1].calls, 2u);
+  EXPECT_EQ(m[1].errors, 1u);
+  EXPECT_GE(m[1].busy_us, 5000u);
+  EXPECT_EQ(m[2].name, "Sleep");
+  EXPECT_EQ(m[2].calls, 1u);
+  EXPECT_GE(m[2].busy_us, 30000u) << "the handler slept 30 ms";
+  EXPECT_GE(server_->uptime_ms(), 30u);
+}
+
 TEST_F(RpcTest, UnknownMethodIsNotSupportedAndConnectionStaysUsable) {
   auto r = client_->call<NotRegistered>(proto::Empty{});
   ASSERT_FALSE(r.has_value());

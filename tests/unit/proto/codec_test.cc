@@ -219,7 +219,7 @@ TEST(CodecTest, EveryDataMessageRoundTrips) {
   round_trip(data::DropCachesReq{});
   round_trip(data::DropCachesReq{{TargetId{2}, TargetId{9}}});
   round_trip(data::DropCachesResp{3, 1000, 12});
-  data::StatsResp stats{123456, {}};
+  data::StatsResp stats{123456, {}, {}};
   data::TargetCounters c;
   uint64_t v = 1;
   c.visit_fields([&](auto&... f) { ((f = v++ * 1000003), ...); });  // each field a value of its own
@@ -233,6 +233,18 @@ TEST(CodecTest, EveryDataMessageRoundTrips) {
   EXPECT_EQ(back.targets[0].counters.no_space, 13u * 1000003u);
   EXPECT_EQ(back.targets[1].counters.reads, 0u);
   EXPECT_EQ(encode(data::TargetCounters{}).size(), 13u * 8u);
+  stats.methods.push_back(MethodStats{"Read", 7, 1, 900});
+  const data::StatsResp with_methods = round_trip(stats);
+  ASSERT_EQ(with_methods.methods.size(), 1u);
+  EXPECT_EQ(with_methods.methods[0].name, "Read");
+  EXPECT_EQ(with_methods.methods[0].calls, 7u);
+  EXPECT_EQ(with_methods.methods[0].errors, 1u);
+  EXPECT_EQ(with_methods.methods[0].busy_us, 900u);
+  const meta::ServerStatsResp m = round_trip(meta::ServerStatsResp{5, {MethodStats{"Create", 3, 0, 40}, MethodStats{}}});
+  ASSERT_EQ(m.methods.size(), 2u);
+  EXPECT_EQ(m.uptime_ms, 5u);
+  EXPECT_EQ(m.methods[0].name, "Create");
+  EXPECT_EQ(m.methods[1].name, "");
 }
 
 TEST(CodecTest, EmptyMessage) {
