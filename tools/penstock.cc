@@ -4,16 +4,18 @@
 //   penstock status [--meta HOST:PORT]
 //   penstock df [--meta HOST:PORT]
 //   penstock scrub [--meta HOST:PORT] [--dry-run] [--timeout-s N]
-//   penstock stats [--meta HOST:PORT] [--interval S] [--json]
+//   penstock stats [--meta HOST:PORT] [--interval S] [--methods] [--json]
 // `layout` works on a mounted path through the virtual xattr user.penstock.layout (served by
 // penstock-mount); `status`, `df` and `scrub` talk to penstock-meta directly, without a session,
-// `stats` to penstock-meta for the cluster map and then to every online data server.
+// `stats` to penstock-meta for its counters and the cluster map, then to every online data server.
 #include <sys/xattr.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <optional>
@@ -178,9 +180,11 @@ int scrub(const std::string& meta, bool dry_run, double timeout_s) {
   return 0;
 }
 
+using penstock::proto::MethodStats;
 using penstock::proto::data::TargetCounters;
+using DataServerStats = penstock::client::Client::DataServerStats;
 
-// a - b, field by field (counters between two snapshots).
+// a - b, field by field (counters between two snapshots; a field that went down reads 0).
 TargetCounters minus(const TargetCounters& a, const TargetCounters& b) {
   TargetCounters d;
   d.visit_fields([&](auto&... out) {
@@ -189,6 +193,28 @@ TargetCounters minus(const TargetCounters& a, const TargetCounters& b) {
     });
   });
   return d;
+}
+
+// `now`'s methods less what `before` had of each (by name; a method new since then counts whole).
+std::vector<MethodStats> minus(std::vector<MethodStats> now, const std::vector<MethodStats>& before) {
+  auto less = [](uint64_t x, uint64_t y) { return x >= y ? x - y : 0; };
+  for (auto& m : now) {
+    for (const auto& b : before) {
+      if (b.name != m.name) continue;
+      m.calls = less(m.calls, b.calls);
+      m.errors = less(m.errors, b.errors);
+      m.busy_us = less(m.busy_us, b.busy_us);
+    }
+  }
+  std::erase_if(now, [](const MethodStats& m) { return m.calls == 0; });
+  return now;
+}
+
+// Whether a server's second snapshot continues its first: it did not restart in between. Its
+// uptime grows by at least the time that passed here between receiving the first answer and
+// asking again (less a margin for clock rates); a restart starts it over, below that.
+bool continues(uint64_t before_uptime_ms, uint64_t now_uptime_ms, uint64_t waited_ms) {
+  return now_uptime_ms >= before_uptime_ms && now_uptime_ms - before_uptime_ms + 100 >= waited_ms;
 }
 
 std::string percent(uint64_t part, uint64_t whole) {
@@ -214,97 +240,238 @@ std::string duration(uint64_t ms) {
   return buf;
 }
 
-void print_stats_json(const penstock::client::Client::DataServerStats& n, const penstock::proto::data::TargetStats& t,
-                      double interval_s) {
-  const TargetCounters& c = t.counters;
-  std::printf("{\"node\":%llu,\"address\":\"%s\",\"uptime_ms\":%llu,\"interval_s\":%g,\"target\":%llu,"
-              "\"reads\":%llu,\"read_bytes\":%llu,\"sequential_reads\":%llu,\"direct_reads\":%llu,"
-              "\"unread_reads\":%llu,\"writes\":%llu,\"write_bytes\":%llu,\"truncates\":%llu,\"removes\":%llu,"
-              "\"syncs\":%llu,\"errors\":%llu,\"corrupt\":%llu,\"no_space\":%llu}\n",
-              static_cast<unsigned long long>(n.node.id.value), n.node.address.c_str(),
-              static_cast<unsigned long long>(n.stats.uptime_ms), interval_s,
-              static_cast<unsigned long long>(t.target.value), static_cast<unsigned long long>(c.reads),
-              static_cast<unsigned long long>(c.read_bytes), static_cast<unsigned long long>(c.sequential_reads),
-              static_cast<unsigned long long>(c.direct_reads), static_cast<unsigned long long>(c.unread_reads),
-              static_cast<unsigned long long>(c.writes), static_cast<unsigned long long>(c.write_bytes),
-              static_cast<unsigned long long>(c.truncates), static_cast<unsigned long long>(c.removes),
-              static_cast<unsigned long long>(c.syncs), static_cast<unsigned long long>(c.errors),
-              static_cast<unsigned long long>(c.corrupt), static_cast<unsigned long long>(c.no_space));
+// `s` as a JSON string literal.
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
 }
 
-// One table row: counts since start, or (interval_s > 0) per second over the interval.
-void print_stats_row(const penstock::proto::data::TargetStats& t, double interval_s) {
+using ull = unsigned long long;
+
+// What every JSON line of one server starts with.
+std::string json_head(const char* server, uint64_t node, const std::string& address, uint64_t uptime_ms,
+                      double interval_s) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "{\"server\":\"%s\",\"node\":%llu,\"address\":", server, static_cast<ull>(node));
+  std::string out = buf;
+  out += json_string(address);
+  std::snprintf(buf, sizeof(buf), ",\"uptime_ms\":%llu,\"interval_s\":%.3f", static_cast<ull>(uptime_ms), interval_s);
+  return out + buf;
+}
+
+void print_target_json(const std::string& head, const penstock::proto::data::TargetStats& t) {
   const TargetCounters& c = t.counters;
-  auto count = [&](uint64_t v) {
-    char buf[32];
-    if (interval_s > 0) {
-      std::snprintf(buf, sizeof(buf), "%.1f", static_cast<double>(v) / interval_s);
-    } else {
-      std::snprintf(buf, sizeof(buf), "%llu", static_cast<unsigned long long>(v));
-    }
-    return std::string(buf);
-  };
+  std::printf("%s,\"target\":%llu,\"reads\":%llu,\"read_bytes\":%llu,\"sequential_reads\":%llu,"
+              "\"direct_reads\":%llu,\"unread_reads\":%llu,\"writes\":%llu,\"write_bytes\":%llu,"
+              "\"truncates\":%llu,\"removes\":%llu,\"syncs\":%llu,\"errors\":%llu,\"corrupt\":%llu,"
+              "\"no_space\":%llu}\n",
+              head.c_str(), static_cast<ull>(t.target.value), static_cast<ull>(c.reads),
+              static_cast<ull>(c.read_bytes), static_cast<ull>(c.sequential_reads), static_cast<ull>(c.direct_reads),
+              static_cast<ull>(c.unread_reads), static_cast<ull>(c.writes), static_cast<ull>(c.write_bytes),
+              static_cast<ull>(c.truncates), static_cast<ull>(c.removes), static_cast<ull>(c.syncs),
+              static_cast<ull>(c.errors), static_cast<ull>(c.corrupt), static_cast<ull>(c.no_space));
+}
+
+void print_method_json(const std::string& head, const MethodStats& m) {
+  std::printf("%s,\"method\":%s,\"calls\":%llu,\"errors\":%llu,\"busy_us\":%llu}\n", head.c_str(),
+              json_string(m.name).c_str(), static_cast<ull>(m.calls), static_cast<ull>(m.errors),
+              static_cast<ull>(m.busy_us));
+}
+
+// A count as text: the count itself, or (interval_s > 0) per second over the interval.
+std::string count_text(uint64_t v, double interval_s) {
+  char buf[32];
+  if (interval_s > 0) {
+    std::snprintf(buf, sizeof(buf), "%.1f", static_cast<double>(v) / interval_s);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%llu", static_cast<ull>(v));
+  }
+  return buf;
+}
+
+// One target's row: counts since start, or per second over the interval.
+void print_target_row(const penstock::proto::data::TargetStats& t, double interval_s) {
+  const TargetCounters& c = t.counters;
+  auto count = [&](uint64_t v) { return count_text(v, interval_s); };
   auto bytes = [&](uint64_t v) {
     return interval_s > 0 ? human(static_cast<uint64_t>(static_cast<double>(v) / interval_s)) + "/s" : human(v);
   };
   std::printf("  %-6llu %10s %12s %5s %7s %7s %10s %12s %6s %6s %6s %7s %7s %8s\n",
-              static_cast<unsigned long long>(t.target.value), count(c.reads).c_str(), bytes(c.read_bytes).c_str(),
+              static_cast<ull>(t.target.value), count(c.reads).c_str(), bytes(c.read_bytes).c_str(),
               percent(c.sequential_reads, c.reads).c_str(), percent(c.direct_reads, c.reads).c_str(),
               percent(c.unread_reads, c.reads).c_str(), count(c.writes).c_str(), bytes(c.write_bytes).c_str(),
               count(c.truncates).c_str(), count(c.removes).c_str(), count(c.syncs).c_str(), count(c.errors).c_str(),
               count(c.corrupt).c_str(), count(c.no_space).c_str());
 }
 
-// `penstock stats`: every online data server's counters per target, since it started, or with
-// `interval_s` what changed over that many seconds, per second.
-int stats(const std::string& meta, double interval_s, bool json) {
-  auto c = connect(meta);
-  if (!c.has_value()) return fail(c.error().message());
-  auto first = (*c)->data_stats();
-  if (!first.has_value()) return fail(first.error().to_string());
-  std::vector<penstock::client::Client::DataServerStats> shown = std::move(*first);
-  if (interval_s > 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(interval_s * 1000)));
-    auto second = (*c)->data_stats();
-    if (!second.has_value()) return fail(second.error().to_string());
-    for (auto& now : *second) {
-      auto before = std::find_if(shown.begin(), shown.end(), [&](const auto& b) { return b.node.id == now.node.id; });
-      // A server that restarted meanwhile, or was not asked the first time, shows what it has.
-      if (before == shown.end() || !before->status.is_ok() || before->stats.uptime_ms > now.stats.uptime_ms) {
-        continue;
-      }
-      for (auto& t : now.stats.targets) {
-        for (const auto& b : before->stats.targets) {
-          if (b.target == t.target) t.counters = minus(t.counters, b.counters);
-        }
+// A server's methods: calls and errors (per second over an interval), the handler's mean time.
+void print_method_table(const std::vector<MethodStats>& methods, double interval_s) {
+  if (methods.empty()) {
+    std::printf("  no requests%s\n", interval_s > 0 ? " during the interval" : "");
+    return;
+  }
+  std::printf("  %-20s %12s %10s %10s\n", "METHOD", interval_s > 0 ? "CALLS/S" : "CALLS",
+              interval_s > 0 ? "ERRORS/S" : "ERRORS", "MEAN-US");
+  for (const auto& m : methods) {
+    char mean[32];
+    std::snprintf(mean, sizeof(mean), "%.1f", static_cast<double>(m.busy_us) / static_cast<double>(m.calls));
+    std::printf("  %-20s %12s %10s %10s\n", m.name.c_str(), count_text(m.calls, interval_s).c_str(),
+                count_text(m.errors, interval_s).c_str(), mean);
+  }
+}
+
+// Both servers' snapshots, so that an interval can subtract one from the other.
+struct Snapshot {
+  penstock::Result<penstock::proto::meta::ServerStatsResp> meta = penstock::Status(penstock::Code::kInternal, "");
+  std::vector<DataServerStats> data;
+};
+
+penstock::Result<Snapshot> snapshot(penstock::client::Client& c) {
+  Snapshot s;
+  s.meta = c.meta_stats();
+  auto data = c.data_stats();
+  if (!data.has_value()) return data.error();
+  s.data = std::move(*data);
+  return s;
+}
+
+// What is printed for each server: its counters (or an interval's differences), and, over an
+// interval, whether it had a first snapshot to subtract and how many seconds the two are apart.
+struct Shown {
+  Snapshot snap;
+  bool interval = false;
+  bool meta_baseline = true;
+  double meta_seconds = 0;
+  std::vector<bool> data_baseline;
+  std::vector<double> data_seconds;
+};
+
+// `second` less `first`, per server that answered both and did not restart in between.
+Shown difference(const Snapshot& first, Snapshot second, uint64_t waited_ms) {
+  Shown out;
+  out.interval = true;
+  out.meta_baseline = false;
+  if (first.meta.has_value() && second.meta.has_value() &&
+      continues(first.meta->uptime_ms, second.meta->uptime_ms, waited_ms)) {
+    out.meta_baseline = true;
+    out.meta_seconds = static_cast<double>(second.meta->uptime_ms - first.meta->uptime_ms) / 1000.0;
+    second.meta->methods = minus(std::move(second.meta->methods), first.meta->methods);
+  }
+  out.data_baseline.assign(second.data.size(), false);
+  out.data_seconds.assign(second.data.size(), 0);
+  for (size_t i = 0; i < second.data.size(); ++i) {
+    DataServerStats& now = second.data[i];
+    auto before = std::find_if(first.data.begin(), first.data.end(),
+                               [&](const auto& b) { return b.node.id == now.node.id; });
+    if (!now.status.is_ok() || before == first.data.end() || !before->status.is_ok() ||
+        !continues(before->stats.uptime_ms, now.stats.uptime_ms, waited_ms)) {
+      continue;
+    }
+    out.data_baseline[i] = true;
+    out.data_seconds[i] = static_cast<double>(now.stats.uptime_ms - before->stats.uptime_ms) / 1000.0;
+    for (auto& t : now.stats.targets) {
+      for (const auto& b : before->stats.targets) {
+        if (b.target == t.target) t.counters = minus(t.counters, b.counters);
       }
     }
-    shown = std::move(*second);
+    now.stats.methods = minus(std::move(now.stats.methods), before->stats.methods);
   }
+  out.snap = std::move(second);
+  return out;
+}
+
+std::string not_supported_hint(const penstock::Status& st, const char* what) {
+  if (st.code() != penstock::Code::kNotSupported) return "";
+  return std::string(" (a ") + what + " older than stats; upgrade it)";
+}
+
+// Prints `s` as tables or JSON lines; returns the exit code (1 when a server gave no counters).
+int print_stats(const std::string& meta, const Shown& s, bool json, bool methods) {
+  const char* per_second = s.interval ? ", per second over the interval" : "";
   int failed = 0;
-  for (const auto& n : shown) {
+  // A server without both snapshots shows no rates: its counters would read as the interval's.
+  auto no_baseline = [&](const std::string& who) {
+    ++failed;
+    std::fprintf(stderr, "penstock: %s: restarted or unreachable during the interval; no rates for it\n",
+                 who.c_str());
+  };
+  const auto& m = s.snap.meta;
+  if (!m.has_value()) {
+    ++failed;
+    std::fprintf(stderr, "penstock: meta server %s: %s%s\n", meta.c_str(), m.error().to_string().c_str(),
+                 not_supported_hint(m.error(), "penstock-meta").c_str());
+  } else if (!s.meta_baseline) {
+    no_baseline("meta server " + meta);
+  } else if (json) {
+    const std::string head = json_head("meta", 0, meta, m->uptime_ms, s.meta_seconds);
+    for (const auto& method : m->methods) print_method_json(head, method);
+  } else {
+    std::printf("meta server %s, up %s%s\n", meta.c_str(), duration(m->uptime_ms).c_str(), per_second);
+    print_method_table(m->methods, s.meta_seconds);
+  }
+
+  for (size_t i = 0; i < s.snap.data.size(); ++i) {
+    const DataServerStats& n = s.snap.data[i];
+    const std::string who = "data server " + n.node.address + " (node " + std::to_string(n.node.id.value) + ")";
     if (!n.status.is_ok()) {
       ++failed;
-      std::string hint;
-      if (n.status.code() == penstock::Code::kNotSupported) hint = " (a penstock-data older than stats; upgrade it)";
-      std::fprintf(stderr, "penstock: data server %s (node %llu): %s%s\n", n.node.address.c_str(),
-                   static_cast<unsigned long long>(n.node.id.value), n.status.to_string().c_str(), hint.c_str());
+      std::fprintf(stderr, "penstock: %s: %s%s\n", who.c_str(), n.status.to_string().c_str(),
+                   not_supported_hint(n.status, "penstock-data").c_str());
       continue;
     }
+    if (s.interval && !s.data_baseline[i]) {
+      no_baseline(who);
+      continue;
+    }
+    const double seconds = s.interval ? s.data_seconds[i] : 0;
     if (json) {
-      for (const auto& t : n.stats.targets) print_stats_json(n, t, interval_s);
+      const std::string head = json_head("data", n.node.id.value, n.node.address, n.stats.uptime_ms, seconds);
+      for (const auto& t : n.stats.targets) print_target_json(head, t);
+      if (methods) {
+        for (const auto& method : n.stats.methods) print_method_json(head, method);
+      }
       continue;
     }
-    std::printf("data server %s (node %llu), up %s%s\n", n.node.address.c_str(),
-                static_cast<unsigned long long>(n.node.id.value), duration(n.stats.uptime_ms).c_str(),
-                interval_s > 0 ? ", per second over the interval" : "");
+    std::printf("%s, up %s%s\n", who.c_str(), duration(n.stats.uptime_ms).c_str(), per_second);
     std::printf("  %-6s %10s %12s %5s %7s %7s %10s %12s %6s %6s %6s %7s %7s %8s\n", "TARGET", "READS", "READ", "SEQ%",
                 "DIRECT%", "UNREAD%", "WRITES", "WRITTEN", "TRUNC", "REMOVE", "SYNC", "ERRORS", "CORRUPT", "NO-SPACE");
-    for (const auto& t : n.stats.targets) print_stats_row(t, interval_s);
+    for (const auto& t : n.stats.targets) print_target_row(t, seconds);
+    if (methods) print_method_table(n.stats.methods, seconds);
   }
-  if (shown.empty()) std::printf("no data server is online\n");
-  if (failed > 0) return fail(std::to_string(failed) + " data server(s) gave no counters (see above)");
+  if (s.snap.data.empty()) std::fprintf(json ? stderr : stdout, "no data server is online\n");
+  if (failed > 0) return fail(std::to_string(failed) + " server(s) gave no counters (see above)");
   return 0;
+}
+
+// `penstock stats`: the meta server's and every online data server's counters, since each started,
+// or with `interval_s` what changed over that many seconds (per second in the table; JSON gives the
+// differences and the seconds they cover). `methods`: the data servers' per-method counters too.
+int stats(const std::string& meta, double interval_s, bool json, bool methods) {
+  auto c = connect(meta);
+  if (!c.has_value()) return fail(c.error().message());
+  auto first = snapshot(**c);
+  if (!first.has_value()) return fail(first.error().to_string());
+  if (interval_s <= 0) return print_stats(meta, Shown{std::move(*first)}, json, methods);
+  const auto asked = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(interval_s * 1000)));
+  const auto waited = std::chrono::steady_clock::now() - asked;
+  auto second = snapshot(**c);
+  if (!second.has_value()) return fail(second.error().to_string());
+  const auto waited_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count());
+  return print_stats(meta, difference(*first, std::move(*second), waited_ms), json, methods);
 }
 
 }  // namespace
@@ -312,7 +479,9 @@ int stats(const std::string& meta, double interval_s, bool json) {
 int main(int argc, char** argv) {
   penstock::set_log_level(penstock::LogLevel::kWarn);
   penstock::set_log_component("cli");
-  CLI::App app{"penstock: administer a Penstock file system (cluster status, space, directory layouts, scrub, server counters)."};
+  CLI::App app{
+      "penstock: administer a Penstock file system (cluster status, space, directory layouts, scrub, server "
+      "counters)."};
   app.require_subcommand(1);
 
   auto* layout = app.add_subcommand("layout", "show or set file and directory layouts (on a mounted path)");
@@ -345,15 +514,25 @@ int main(int argc, char** argv) {
 
   double interval_s = 0;
   bool json = false;
+  bool methods = false;
   auto* stc = app.add_subcommand(
-      "stats", "show what each data server's targets served: reads, bytes, how reads went (sequential, O_DIRECT, "
-               "sent unread), writes, errors");
+      "stats", "show what the servers handled: the meta server's requests per method, each data server's targets "
+               "(reads, bytes, how reads went: sequential, O_DIRECT, sent unread; writes; errors)");
   stc->add_option("--meta", meta, "penstock-meta address host:port")->capture_default_str();
   stc->add_option("--interval", interval_s,
-                  "seconds to watch: print what changed over them, per second (0: totals since each server started)")
+                  "seconds to watch (0.1 to 86400): what changed over them, per second in the table, as differences "
+                  "with the seconds they cover in JSON (0: totals since each server started)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 86400.0));
-  stc->add_flag("--json", json, "one JSON object per target and line instead of the table");
+      ->check([](const std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0' || !std::isfinite(v) || (v != 0 && (v < 0.1 || v > 86400))) {
+          return "--interval must be 0 or 0.1 to 86400 seconds, not '" + text + "'";
+        }
+        return "";
+      });
+  stc->add_flag("--methods", methods, "the data servers' requests per method too");
+  stc->add_flag("--json", json, "one JSON object per line (a target, or a server's method) instead of tables");
 
   CLI11_PARSE(app, argc, argv);
   if (lget->parsed()) return layout_get(get_path);
@@ -361,6 +540,6 @@ int main(int argc, char** argv) {
   if (st->parsed()) return status(meta);
   if (dfc->parsed()) return df(meta);
   if (scc->parsed()) return scrub(meta, dry_run, timeout_s);
-  if (stc->parsed()) return stats(meta, interval_s, json);
+  if (stc->parsed()) return stats(meta, interval_s, json, methods);
   return fail("no command given; see --help");
 }

@@ -867,6 +867,10 @@ Result<std::vector<Client::DataServerStats>> Client::data_stats() {
   return out;
 }
 
+Result<proto::meta::ServerStatsResp> Client::meta_stats() {
+  return meta_call<meta::ServerStats>(proto::Empty{});
+}
+
 Status Client::drop_caches() {
   const uint64_t blocks = cache_->clear();
   // The meta server's record and block caches; an older server has none to drop.

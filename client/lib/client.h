@@ -320,6 +320,9 @@ class Client {
   // in map order (`penstock stats`). Errors: only fetching the map; a server's own failure is in
   // its entry. Thread-safe.
   Result<std::vector<DataServerStats>> data_stats();
+  // The meta server's per-method counters (proto::meta::ServerStats). Errors: kNotSupported from a
+  // server older than the method; kUnavailable/kTimeout when it cannot be reached. Thread-safe.
+  Result<proto::meta::ServerStatsResp> meta_stats();
   uint64_t dirty_bytes() const { return budget_ ? budget_->used() : 0; }
   // flush() (unless `flush_writes` is false: a handle opened read-only, which must neither wait
   // for nor take the write errors that belong to a writer's close), then queues the Release for
@@ -388,7 +391,8 @@ class Client {
   Result<std::shared_ptr<rpc::RpcClient>> data_client(const std::string& address);
   // Calls M with `req` on every online data server of a freshly fetched cluster map, all at once;
   // waits for every answer. `nodes` gets those servers in map order, `statuses` and `replies`
-  // each one's result (a reply is default-constructed where its status is not ok).
+  // each one's result (a reply is default-constructed where its status is not ok). Errors: only
+  // fetching the cluster map (refresh_map's); a server's own failure is in its status.
   template <class M>
   Status call_online_data_servers(const typename M::Request& req, std::vector<proto::NodeInfo>* nodes,
                                   std::vector<Status>* statuses, std::vector<typename M::Response>* replies);

@@ -64,16 +64,34 @@ struct ChunkPages {
   return r;
 }
 
-// The sum over every target of one counter in `penstock stats --json` output (one object per
-// target and line), e.g. "sequential_reads"; -1 when no line has it.
-int64_t stats_sum(const std::string& json_lines, const std::string& key) {
+// The lines of `penstock stats --json` output (stdout and stderr together) that contain `part`,
+// e.g. "\"target\":" for the data servers' targets or "\"server\":\"meta\"".
+std::vector<std::string> stats_lines(const std::string& output, const std::string& part) {
+  std::vector<std::string> lines;
+  size_t at = 0;
+  while (at < output.size()) {
+    size_t end = output.find('\n', at);
+    if (end == std::string::npos) end = output.size();
+    std::string line = output.substr(at, end - at);
+    if (line.rfind("{", 0) == 0 && line.find(part) != std::string::npos) lines.push_back(std::move(line));
+    at = end + 1;
+  }
+  return lines;
+}
+
+// The sum of one counter, e.g. "sequential_reads", over those lines; -1 when none has it.
+int64_t stats_sum(const std::vector<std::string>& lines, const std::string& key) {
   const std::string needle = "\"" + key + "\":";
   int64_t sum = -1;
-  for (size_t at = json_lines.find(needle); at != std::string::npos; at = json_lines.find(needle, at + 1)) {
-    sum = std::max<int64_t>(sum, 0) + std::strtoll(json_lines.c_str() + at + needle.size(), nullptr, 10);
+  for (const auto& line : lines) {
+    const size_t at = line.find(needle);
+    if (at != std::string::npos) sum = std::max<int64_t>(sum, 0) + std::strtoll(line.c_str() + at + needle.size(), nullptr, 10);
   }
   return sum;
 }
+
+// The data servers' targets in `penstock stats --json` output.
+std::vector<std::string> target_lines(const std::string& output) { return stats_lines(output, "\"target\":"); }
 
 // A log file's text ("" when it cannot be read; the assertions on its contents then fail).
 std::string slurp(const std::string& path) {
@@ -150,35 +168,58 @@ TEST_F(DropCachesTest, StatsShowEveryTargetAndReportAServerThatDoesNotAnswer) {
   const std::string file = cluster_.mount_path() + "/counted.bin";
   const std::string data = pattern(3u << 20, 0, 43);
   ASSERT_TRUE(write_file(file, data));
-  CommandResult r = run_command({penstock, "stats", "--meta", cluster_.meta_addr()}, 60);
+  CommandResult r = run_command({penstock, "stats", "--meta", cluster_.meta_addr(), "--methods"}, 60);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   size_t servers = 0;
   for (size_t at = r.output.find("data server "); at != std::string::npos; at = r.output.find("data server ", at + 1)) {
     ++servers;
   }
   EXPECT_EQ(servers, 3u) << r.output;
+  EXPECT_NE(r.output.find("meta server " + cluster_.meta_addr()), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("TARGET"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("NO-SPACE"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("MEAN-US"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  Write "), std::string::npos) << "the data servers' methods:\n" << r.output;
 
-  r = run_command({penstock, "stats", "--meta", cluster_.meta_addr(), "--json"}, 60);
+  r = run_command({penstock, "stats", "--meta", cluster_.meta_addr(), "--json", "--methods"}, 60);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(stats_sum(r.output, "write_bytes"), static_cast<int64_t>(data.size())) << r.output;
-  EXPECT_EQ(stats_sum(r.output, "errors"), 0) << r.output;
-  // Nothing happens during the interval: every rate is 0.
-  r = run_command({penstock, "stats", "--meta", cluster_.meta_addr(), "--json", "--interval", "0.5"}, 60);
+  const auto targets = target_lines(r.output);
+  EXPECT_EQ(targets.size(), 3u) << r.output;
+  // A retried write would count twice; nothing here should retry, but a slow sanitizer build may.
+  EXPECT_GE(stats_sum(targets, "write_bytes"), static_cast<int64_t>(data.size())) << r.output;
+  EXPECT_LE(stats_sum(targets, "write_bytes"), 2 * static_cast<int64_t>(data.size())) << r.output;
+  EXPECT_EQ(stats_sum(targets, "errors"), 0) << r.output;
+  // The data servers handled the writes (Write calls, as counted per method, match the targets').
+  EXPECT_EQ(stats_sum(stats_lines(r.output, "\"method\":\"Write\""), "calls"), stats_sum(targets, "writes"))
+      << r.output;
+  // The meta server: the CLI's own cluster-map fetch, at least.
+  EXPECT_GE(stats_sum(stats_lines(r.output, "\"method\":\"GetClusterMap\""), "calls"), 1) << r.output;
+  EXPECT_FALSE(stats_lines(r.output, "\"server\":\"meta\"").empty()) << r.output;
+
+  // Nothing is written during the interval: no bytes, no Write calls.
+  r = run_command({penstock, "stats", "--meta", cluster_.meta_addr(), "--json", "--methods", "--interval", "0.5"}, 60);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(stats_sum(r.output, "write_bytes"), 0) << r.output;
-  EXPECT_NE(r.output.find("\"interval_s\":0.5"), std::string::npos) << r.output;
+  EXPECT_EQ(stats_sum(target_lines(r.output), "write_bytes"), 0) << r.output;
+  EXPECT_EQ(stats_sum(target_lines(r.output), "writes"), 0) << r.output;
+  EXPECT_TRUE(stats_lines(r.output, "\"method\":\"Write\"").empty()) << r.output;
+  EXPECT_NE(r.output.find("\"interval_s\":0."), std::string::npos) << r.output;
+  for (const std::string bad : {"-1", "0.01", "nan", "x"}) {
+    r = run_command({penstock, "stats", "--meta", cluster_.meta_addr(), "--interval", bad}, 60);
+    EXPECT_NE(r.exit_code, 0) << bad << ": " << r.output;
+    EXPECT_NE(r.output.find("--interval"), std::string::npos) << bad << ": " << r.output;
+  }
 
   r = run_command({penstock, "stats", "--meta", "127.0.0.1:1"}, 60);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("penstock:"), std::string::npos) << r.output;
   // A data server killed before the meta server noticed: the others still report, the command fails
   // and names the one that did not answer.
-  ASSERT_EQ(::kill(cluster_.pid_of("data2"), SIGKILL), 0);
+  const pid_t data2 = cluster_.pid_of("data2");
+  ASSERT_GT(data2, 0);
+  ASSERT_EQ(::kill(data2, SIGKILL), 0);
   r = run_command({penstock, "stats", "--meta", cluster_.meta_addr(), "--json"}, 60);
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '{'), 2) << r.output;
+  EXPECT_EQ(target_lines(r.output).size(), 2u) << r.output;
   EXPECT_NE(r.output.find("gave no counters"), std::string::npos) << r.output;
 }
 
@@ -272,9 +313,10 @@ TEST(DirectReadsTest, RandomColdReadsOfLargeFilesSkipTheServersPageCacheStreamsA
   auto read_counters = [&] {
     CommandResult r = run_command({penstock, "stats", "--meta", cluster.meta_addr(), "--json"}, 60);
     EXPECT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 3) << "one line per target:\n" << r.output;
-    return Reads{stats_sum(r.output, "reads"), stats_sum(r.output, "sequential_reads"),
-                 stats_sum(r.output, "direct_reads")};
+    const auto targets = target_lines(r.output);
+    EXPECT_EQ(targets.size(), 3u) << "one line per target:\n" << r.output;
+    return Reads{stats_sum(targets, "reads"), stats_sum(targets, "sequential_reads"),
+                 stats_sum(targets, "direct_reads")};
   };
   const Reads before = read_counters();
   ASSERT_GE(before.reads, 0);

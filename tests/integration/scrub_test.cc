@@ -142,7 +142,9 @@ TEST_F(ScrubTest, ABadAddressOrAnOfflineTargetIsReported) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("penstock:"), std::string::npos) << r.output;
   // A data server that is down: its target is not scrubbed, and the command says so.
-  ASSERT_EQ(::kill(cluster_.pid_of("data2"), SIGKILL), 0);
+  const pid_t data2 = cluster_.pid_of("data2");
+  ASSERT_GT(data2, 0);
+  ASSERT_EQ(::kill(data2, SIGKILL), 0);
   CommandResult partial = scrub({"--timeout-s", "60"});
   EXPECT_NE(partial.exit_code, 0) << partial.output;
   EXPECT_NE(partial.output.find("targets not scrubbed    1"), std::string::npos) << partial.output;
