@@ -153,13 +153,16 @@ class RpcServer {
   void stop();
 
   // Every method called at least once since construction, by name: calls, errors, handler time
-  // (penstock stats). Safe from any thread, a handler's included; the counters are read one by one.
+  // (penstock stats). A call counts once its handler returns: a response that fails after that
+  // (staging a file bulk, the frame limits) counts as the handler's outcome, and sending it is not
+  // in the time. Safe from any thread once start() ran, a handler's included; the counters are
+  // read one by one.
   std::vector<proto::MethodStats> method_stats() const;
   // Milliseconds since construction.
   uint64_t uptime_ms() const;
   // Counts a call of (service, method) that a handler of another method ran itself (penstock-meta's
   // Replay runs the change it carries): in method_stats() under that method's name. Nothing when
-  // the method has no handler.
+  // the method has no handler. REQUIRES: start() ran (handlers are registered before).
   void count_call(proto::ServiceId service, uint16_t method, bool ok, std::chrono::nanoseconds busy);
 
  private:
