@@ -212,9 +212,10 @@ std::vector<MethodStats> minus(std::vector<MethodStats> now, const std::vector<M
 
 // Whether a server's second snapshot continues its first: it did not restart in between. Its
 // uptime grows by at least the time that passed here between receiving the first answer and
-// asking again (less a margin for clock rates); a restart starts it over, below that.
+// asking again (less a margin for the two hosts' clock rates: 100 ms and 0.1 %); a restart starts
+// it over, below that.
 bool continues(uint64_t before_uptime_ms, uint64_t now_uptime_ms, uint64_t waited_ms) {
-  return now_uptime_ms >= before_uptime_ms && now_uptime_ms - before_uptime_ms + 100 >= waited_ms;
+  return now_uptime_ms > before_uptime_ms && now_uptime_ms - before_uptime_ms + 100 + waited_ms / 1000 >= waited_ms;
 }
 
 std::string percent(uint64_t part, uint64_t whole) {
@@ -259,16 +260,16 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
-using ull = unsigned long long;
+using Ull = unsigned long long;
 
 // What every JSON line of one server starts with.
 std::string json_head(const char* server, uint64_t node, const std::string& address, uint64_t uptime_ms,
                       double interval_s) {
   char buf[160];
-  std::snprintf(buf, sizeof(buf), "{\"server\":\"%s\",\"node\":%llu,\"address\":", server, static_cast<ull>(node));
+  std::snprintf(buf, sizeof(buf), "{\"server\":\"%s\",\"node\":%llu,\"address\":", server, static_cast<Ull>(node));
   std::string out = buf;
   out += json_string(address);
-  std::snprintf(buf, sizeof(buf), ",\"uptime_ms\":%llu,\"interval_s\":%.3f", static_cast<ull>(uptime_ms), interval_s);
+  std::snprintf(buf, sizeof(buf), ",\"uptime_ms\":%llu,\"interval_s\":%.3f", static_cast<Ull>(uptime_ms), interval_s);
   return out + buf;
 }
 
@@ -278,17 +279,17 @@ void print_target_json(const std::string& head, const penstock::proto::data::Tar
               "\"direct_reads\":%llu,\"unread_reads\":%llu,\"writes\":%llu,\"write_bytes\":%llu,"
               "\"truncates\":%llu,\"removes\":%llu,\"syncs\":%llu,\"errors\":%llu,\"corrupt\":%llu,"
               "\"no_space\":%llu}\n",
-              head.c_str(), static_cast<ull>(t.target.value), static_cast<ull>(c.reads),
-              static_cast<ull>(c.read_bytes), static_cast<ull>(c.sequential_reads), static_cast<ull>(c.direct_reads),
-              static_cast<ull>(c.unread_reads), static_cast<ull>(c.writes), static_cast<ull>(c.write_bytes),
-              static_cast<ull>(c.truncates), static_cast<ull>(c.removes), static_cast<ull>(c.syncs),
-              static_cast<ull>(c.errors), static_cast<ull>(c.corrupt), static_cast<ull>(c.no_space));
+              head.c_str(), static_cast<Ull>(t.target.value), static_cast<Ull>(c.reads),
+              static_cast<Ull>(c.read_bytes), static_cast<Ull>(c.sequential_reads), static_cast<Ull>(c.direct_reads),
+              static_cast<Ull>(c.unread_reads), static_cast<Ull>(c.writes), static_cast<Ull>(c.write_bytes),
+              static_cast<Ull>(c.truncates), static_cast<Ull>(c.removes), static_cast<Ull>(c.syncs),
+              static_cast<Ull>(c.errors), static_cast<Ull>(c.corrupt), static_cast<Ull>(c.no_space));
 }
 
 void print_method_json(const std::string& head, const MethodStats& m) {
   std::printf("%s,\"method\":%s,\"calls\":%llu,\"errors\":%llu,\"busy_us\":%llu}\n", head.c_str(),
-              json_string(m.name).c_str(), static_cast<ull>(m.calls), static_cast<ull>(m.errors),
-              static_cast<ull>(m.busy_us));
+              json_string(m.name).c_str(), static_cast<Ull>(m.calls), static_cast<Ull>(m.errors),
+              static_cast<Ull>(m.busy_us));
 }
 
 // A count as text: the count itself, or (interval_s > 0) per second over the interval.
@@ -297,7 +298,7 @@ std::string count_text(uint64_t v, double interval_s) {
   if (interval_s > 0) {
     std::snprintf(buf, sizeof(buf), "%.1f", static_cast<double>(v) / interval_s);
   } else {
-    std::snprintf(buf, sizeof(buf), "%llu", static_cast<ull>(v));
+    std::snprintf(buf, sizeof(buf), "%llu", static_cast<Ull>(v));
   }
   return buf;
 }
@@ -310,7 +311,7 @@ void print_target_row(const penstock::proto::data::TargetStats& t, double interv
     return interval_s > 0 ? human(static_cast<uint64_t>(static_cast<double>(v) / interval_s)) + "/s" : human(v);
   };
   std::printf("  %-6llu %10s %12s %5s %7s %7s %10s %12s %6s %6s %6s %7s %7s %8s\n",
-              static_cast<ull>(t.target.value), count(c.reads).c_str(), bytes(c.read_bytes).c_str(),
+              static_cast<Ull>(t.target.value), count(c.reads).c_str(), bytes(c.read_bytes).c_str(),
               percent(c.sequential_reads, c.reads).c_str(), percent(c.direct_reads, c.reads).c_str(),
               percent(c.unread_reads, c.reads).c_str(), count(c.writes).c_str(), bytes(c.write_bytes).c_str(),
               count(c.truncates).c_str(), count(c.removes).c_str(), count(c.syncs).c_str(), count(c.errors).c_str(),
@@ -357,6 +358,7 @@ struct Shown {
   double meta_seconds = 0;
   std::vector<bool> data_baseline;
   std::vector<double> data_seconds;
+  std::vector<std::string> left_out;  // what has no rates over the interval, in words
 };
 
 // `second` less `first`, per server that answered both and did not restart in between.
@@ -382,12 +384,24 @@ Shown difference(const Snapshot& first, Snapshot second, uint64_t waited_ms) {
     }
     out.data_baseline[i] = true;
     out.data_seconds[i] = static_cast<double>(now.stats.uptime_ms - before->stats.uptime_ms) / 1000.0;
-    for (auto& t : now.stats.targets) {
+    // A target the first snapshot lacked (it joined the server meanwhile) has counted since the
+    // server started: no rates for it.
+    std::erase_if(now.stats.targets, [&](auto& t) {
       for (const auto& b : before->stats.targets) {
-        if (b.target == t.target) t.counters = minus(t.counters, b.counters);
+        if (b.target != t.target) continue;
+        t.counters = minus(t.counters, b.counters);
+        return false;
       }
-    }
+      out.left_out.push_back("target " + t.target.to_string() + " of data server " + now.node.address +
+                             " joined during the interval");
+      return true;
+    });
     now.stats.methods = minus(std::move(now.stats.methods), before->stats.methods);
+  }
+  for (const auto& b : first.data) {
+    const bool still = std::any_of(second.data.begin(), second.data.end(),
+                                   [&](const auto& n) { return n.node.id == b.node.id; });
+    if (!still) out.left_out.push_back("data server " + b.node.address + " went offline during the interval");
   }
   out.snap = std::move(second);
   return out;
@@ -410,7 +424,8 @@ int print_stats(const std::string& meta, const Shown& s, bool json, bool methods
   };
   const auto& m = s.snap.meta;
   if (!m.has_value()) {
-    ++failed;
+    // A meta server older than ServerStats: the data servers' counters are still what was asked.
+    if (m.error().code() != penstock::Code::kNotSupported) ++failed;
     std::fprintf(stderr, "penstock: meta server %s: %s%s\n", meta.c_str(), m.error().to_string().c_str(),
                  not_supported_hint(m.error(), "penstock-meta").c_str());
   } else if (!s.meta_baseline) {
@@ -450,6 +465,10 @@ int print_stats(const std::string& meta, const Shown& s, bool json, bool methods
                 "DIRECT%", "UNREAD%", "WRITES", "WRITTEN", "TRUNC", "REMOVE", "SYNC", "ERRORS", "CORRUPT", "NO-SPACE");
     for (const auto& t : n.stats.targets) print_target_row(t, seconds);
     if (methods) print_method_table(n.stats.methods, seconds);
+  }
+  for (const auto& what : s.left_out) {
+    ++failed;
+    std::fprintf(stderr, "penstock: %s; no rates for it\n", what.c_str());
   }
   if (s.snap.data.empty()) std::fprintf(json ? stderr : stdout, "no data server is online\n");
   if (failed > 0) return fail(std::to_string(failed) + " server(s) gave no counters (see above)");

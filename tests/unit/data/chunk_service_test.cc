@@ -168,7 +168,6 @@ TEST_F(ChunkServiceTest, ListInodesPagesThroughABucket) {
             Code::kInvalid);
 }
 
-
 // `penstock stats`: each request counts in its target's counters once the target is found, with
 // its bytes, how a read went, and its error (corrupt and full-disk ones apart).
 TEST_F(ChunkServiceTest, StatsCountEachTargetsRequestsBytesAndErrors) {
@@ -194,7 +193,13 @@ TEST_F(ChunkServiceTest, StatsCountEachTargetsRequestsBytesAndErrors) {
   unread.reset();
   ASSERT_TRUE(service_.sync(pd::SyncReq{TargetId(7), InodeId(55)}, {}).is_ok());
   ASSERT_TRUE(service_.truncate(pd::TruncateReq{TargetId(7), InodeId(55), 9000, 1u << 20}, {}).is_ok());
-  // A request for a target not served here counts nowhere.
+  // Past the chunk's end: nothing to send, so not counted as sent unread.
+  pd::ReadReq past{key(), 9000, 4096};
+  past.verify_at_client = true;
+  ASSERT_TRUE(service_.read(past, {}, &out, &unread).has_value());
+  EXPECT_TRUE(!unread.has_value() || unread->length == 0);
+  unread.reset();
+  // A request for a target not served here counts under no target.
   auto other = key();
   other.target = TargetId(8);
   EXPECT_FALSE(service_.read(pd::ReadReq{other, 0, 10}, {}, &out).has_value());
@@ -223,7 +228,7 @@ TEST_F(ChunkServiceTest, StatsCountEachTargetsRequestsBytesAndErrors) {
   const pd::TargetCounters& c = s->targets[0].counters;
   EXPECT_EQ(c.writes, 3u);
   EXPECT_EQ(c.write_bytes, 10000u);
-  EXPECT_EQ(c.reads, 4u);
+  EXPECT_EQ(c.reads, 5u);
   EXPECT_EQ(c.read_bytes, 4096u + 5904u + 8192u);
   EXPECT_EQ(c.sequential_reads, 1u);
   EXPECT_EQ(c.unread_reads, 1u);
