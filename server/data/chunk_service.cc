@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <mutex>
 #include <string>
 
@@ -44,8 +43,6 @@ void tally(ChunkStore& store, std::atomic<uint64_t> Counters::*op, const Status&
 }
 
 }  // namespace
-
-ChunkService::ChunkService() : started_(std::chrono::steady_clock::now()) {}
 
 void ChunkService::set_served(std::unordered_map<TargetId, std::shared_ptr<ChunkStore>> served) {
   std::unique_lock<std::shared_mutex> g(mu_);
@@ -164,8 +161,6 @@ Result<proto::data::DropCachesResp> ChunkService::drop_caches(const proto::data:
 Result<proto::data::StatsResp> ChunkService::stats(std::span<const uint8_t> bulk_in) const {
   PENSTOCK_RETURN_IF_ERROR(no_bulk(bulk_in, "Stats"));
   proto::data::StatsResp resp;
-  resp.uptime_ms = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started_).count());
   std::shared_lock<std::shared_mutex> g(mu_);
   for (const auto& [id, store] : served_) resp.targets.push_back(proto::data::TargetStats{id, store->counters_now()});
   std::sort(resp.targets.begin(), resp.targets.end(),

@@ -8,7 +8,6 @@
 // Thread-safety: every method may be called from any thread at once.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -27,8 +26,6 @@ namespace penstock::data {
 
 class ChunkService {
  public:
-  ChunkService();
-
   // Replaces the served set: requests naming these TargetIds go to these stores.
   void set_served(std::unordered_map<TargetId, std::shared_ptr<ChunkStore>> served);
   // The store serving `target`; kNotFound "target T is not served here".
@@ -56,14 +53,14 @@ class ChunkService {
   Result<proto::data::ListInodesResp> list_inodes(const proto::data::ListInodesReq& req,
                                                   std::span<const uint8_t> bulk_in);
 
-  // What every served target answered since this service started (proto::data::Stats), by
-  // target id: each request above counts in its target's ChunkStore::counters() once the target
-  // is found (a request for a target not served here counts nowhere), failed ones as errors too.
+  // What every served target answered since its store opened (proto::data::Stats), by target
+  // id: each request above counts in its target's ChunkStore::counters() once the target is found
+  // (a request for a target not served here counts under no target), failed ones as errors too.
+  // uptime_ms and methods are left for the caller, whose RPC server knows them.
   // kInvalid when the request carries bulk bytes.
   Result<proto::data::StatsResp> stats(std::span<const uint8_t> bulk_in) const;
 
  private:
-  const std::chrono::steady_clock::time_point started_;
   mutable std::shared_mutex mu_;  // guards served_
   std::unordered_map<TargetId, std::shared_ptr<ChunkStore>> served_;
 };

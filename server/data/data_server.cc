@@ -93,7 +93,10 @@ Status DataServer::start() {
   server_->handle<pd::Stats>(
       [this](const proto::Empty&, rpc::RequestContext& ctx) {
         auto r = service_.stats(ctx.bulk_in());
-        if (r.has_value()) r->methods = server_->method_stats();
+        if (r.has_value()) {
+          r->uptime_ms = server_->uptime_ms();
+          r->methods = server_->method_stats();
+        }
         return r;
       },
       rpc::Dispatch::kInline);
