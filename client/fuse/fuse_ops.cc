@@ -229,6 +229,7 @@ void reply_xattr_bytes(fuse_req_t req, const std::string& value, size_t size, co
 std::vector<client::Counter> mount_counters(const Client& c) {
   const client::CacheStats cache = c.cache_stats();
   const client::OpenTicketStats tickets = c.open_ticket_stats();
+  const client::CreateBehindStats cb = c.create_behind_stats();
   return {{"cache_hits", cache.hits},
           {"cache_joined_fetches", cache.waits},
           {"reads_answered_where_their_block_arrived", c.deferred_reads()},
@@ -238,7 +239,13 @@ std::vector<client::Counter> mount_counters(const Client& c) {
           {"cache_blocks", cache.blocks},
           {"open_tickets_granted", tickets.granted},
           {"open_tickets_taken", tickets.taken},
-          {"open_tickets_released_unused", tickets.dropped}};
+          {"open_tickets_released_unused", tickets.dropped},
+          {"dir_leases_granted", cb.leases},
+          {"lookups_answered_by_dir_lease", cb.absent},
+          {"creates_behind", cb.created},
+          {"create_batches", cb.batches},
+          {"creates_behind_refused", cb.failed},
+          {"dir_lease_turns", cb.turned}};
 }
 
 // libfuse reads a request into a pipe only when the pipe holds a whole one: max_write plus its

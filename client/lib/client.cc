@@ -1537,11 +1537,13 @@ Status Client::write(InodeId ino, const proto::Layout& layout, uint64_t offset, 
   const size_t size = src.size();
   if (size == 0) return Status::ok();
   cursor = usable(cursor);
+  bool first = false;  // since the last size report
   {
     // A new write makes any flush that started before it stale (see flush()).
     std::lock_guard<std::mutex> lock(files_mu_);
-    ++files_[ino].seq;
+    first = ++files_[ino].seq == 1;
   }
+  if (first && cb_ != nullptr) cb_->written(ino);  // how a directory's files are used (create_behind.h)
   // After shutdown() nothing is left behind: writes go out before they return.
   Status taken = Status::ok();  // a descriptor source that failed part way
   if (budget_ == nullptr || layout.chunk_size == 0 || pool_->stopped()) {
@@ -1712,11 +1714,6 @@ Status Client::fsync(InodeId ino, const proto::Layout& layout, WriteCursor* curs
 }
 
 Status Client::release(InodeId ino, bool flush_writes, WriteCursor* cursor) {
-  bool written = false;  // since the last size report (what a close after writing has)
-  if (cb_ != nullptr) {
-    std::lock_guard<std::mutex> lock(files_mu_);
-    written = files_.count(ino) != 0;
-  }
   Status flushed = flush_writes ? flush(ino, cursor) : Status::ok();
   if (cb_ != nullptr) {
     // A file created behind and closed before its create was sent is sent closed: nothing to release.
@@ -1724,7 +1721,7 @@ Status Client::release(InodeId ino, bool flush_writes, WriteCursor* cursor) {
       count_release(ino);
       return flushed;
     }
-    cb_->closed(ino, written);
+    cb_->closed(ino);
   }
   queue_releases({ino});
   return flushed;

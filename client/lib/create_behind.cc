@@ -124,30 +124,15 @@ std::optional<proto::InodeAttr> CreateBehind::create(InodeId dir, std::string_vi
   Clock::time_point now = Clock::now();
   const SessionId session = session_locked();
   if (it->second.held && now >= it->second.deadline && now >= it->second.refused_until) {
-    // The term ran out while nothing was created here: renew it (the server keeps the hold while
-    // nobody else came; a fresh grant lists the names again).
+    // The term ran out while nothing was created behind here: renew it (the server keeps the hold
+    // while nobody else came; a fresh grant lists the names again).
     if (!ask_lease_locked(lock, dir, session, true)) return std::nullopt;
     now = Clock::now();
     it = dirs_.find(dir.value);
     if (it == dirs_.end()) return std::nullopt;
   }
   Dir& d = it->second;
-  if (session_locked() != session || !live_locked(d, now) || pool_.empty()) return std::nullopt;
-  std::string key(name);
-  if (d.names.count(key) != 0) return std::nullopt;  // it may exist: the server decides
-  if (!d.queued.empty() && d.queued_session != session) return std::nullopt;  // the old session's go first
-  if (d.behind >= kJudgeAfter) {
-    if (2 * d.written_early >= d.behind) {
-      d.held = false;
-      d.refused_until = now + options_.refused_backoff;
-      PENSTOCK_LOG(Debug) << "directory " << dir.to_string() << ": " << d.written_early << " of " << d.behind
-                          << " files created behind were written at once; creates there go to the server again";
-      d.behind = d.written_early = 0;
-      return std::nullopt;
-    }
-    d.behind = d.written_early = 0;
-  }
-  d.behind += 1;
+  if (session_locked() != session || !live_locked(d, now)) return std::nullopt;
   if (d.names.size() >= options_.max_names) {
     // Remembering more names costs more memory than the round trips it saves: give the lease up
     // here (the server's hold runs out by itself).
@@ -158,6 +143,12 @@ std::optional<proto::InodeAttr> CreateBehind::create(InodeId dir, std::string_vi
                        << " names: creates there go to the server one by one again";
     return std::nullopt;
   }
+  if (d.sync_creates || pool_.empty()) return std::nullopt;  // sync_creates: the lease answers lookups only
+  std::string key(name);
+  if (d.names.count(key) != 0) return std::nullopt;  // it may exist: the server decides
+  if (!d.queued.empty() && d.queued_session != session) return std::nullopt;  // the old session's go first
+  // take_layout() counts it against when it is written before it is sent.
+  if (judge_locked(d, dir, false)) return std::nullopt;
 
   proto::InodeAttr a;
   a.ino = pool_.back();
@@ -169,7 +160,6 @@ std::optional<proto::InodeAttr> CreateBehind::create(InodeId dir, std::string_vi
   a.atime_ns = a.mtime_ns = a.ctime_ns = realtime_ns();
   a.generation = 1;
   a.layout.chunk_size = d.attr.layout.chunk_size;  // chains come with the server's answer
-
   d.names.insert(key);
   d.queued_session = session;
   d.queued.push_back(pm::CreateBehind{std::move(key), a.ino, mode & 07777, caller});
@@ -189,34 +179,64 @@ void CreateBehind::created_sync(InodeId dir, std::string_view name, InodeId ino)
   if (stopping_) return;
   Dir& d = dir_locked(dir, Clock::now());
   d.names.insert(std::string(name));
-  if (d.held) return;
+  if (d.held && !d.sync_creates) return;
   if (recent_.size() >= kRecentKept) recent_.clear();  // files left open: start counting again
-  recent_[ino.value] = dir.value;
+  recent_[ino.value] = Recent{dir.value, false};
 }
 
-void CreateBehind::closed(InodeId ino, bool written) {
+void CreateBehind::written(InodeId ino) {
+  std::lock_guard lock(mu_);
+  auto r = recent_.find(ino.value);
+  if (r != recent_.end()) r->second.written = true;
+}
+
+void CreateBehind::closed(InodeId ino) {
   std::unique_lock lock(mu_);
   if (stopping_ || recent_.empty()) return;
   auto r = recent_.find(ino.value);
   if (r == recent_.end()) return;
-  const InodeId dir(r->second);
+  const InodeId dir(r->second.dir);
+  const bool written = r->second.written;
   recent_.erase(r);
   Clock::time_point now = Clock::now();
   {
     Dir& d = dir_locked(dir, now);
-    if (written) {
-      d.burst = 0;
+    if (d.held) {
+      if (d.sync_creates) judge_locked(d, dir, !written);
       return;
     }
-    if (d.held || now < d.refused_until) return;
+    if (now < d.refused_until) return;
     if (now - d.burst_start > options_.burst_window) {
       d.burst_start = now;
-      d.burst = 0;
+      d.burst = d.burst_written = 0;
     }
+    d.burst_written += written ? 1 : 0;
     if (++d.burst < options_.creates_before_lease) return;
-    d.burst = 0;
+    d.sync_creates = 2 * d.burst_written >= d.burst;
+    d.judged = d.against = 0;
+    d.burst = d.burst_written = 0;
   }
   ask_lease_locked(lock, dir, session_locked(), false);
+}
+
+bool CreateBehind::judge_locked(Dir& d, InodeId dir, bool against) {
+  if (d.judged >= kJudgeAfter) {
+    const bool turn = 2 * d.against >= d.judged;
+    PENSTOCK_LOG(Debug) << "directory " << dir.to_string() << ": " << d.against << " of " << d.judged
+                        << (d.sync_creates ? " files created there were closed unwritten" : " files created behind were written at once")
+                        << (!turn ? "" : d.sync_creates ? "; creates there are answered here again"
+                                                        : "; creates there go to the server one by one, lookups are "
+                                                          "still answered here");
+    d.judged = d.against = 0;
+    if (turn) {
+      d.sync_creates = !d.sync_creates;
+      stats_.turned += 1;
+      return true;
+    }
+  }
+  d.judged += 1;
+  d.against += against ? 1 : 0;
+  return false;
 }
 
 bool CreateBehind::ask_lease_locked(std::unique_lock<std::mutex>& lock, InodeId dir, SessionId session,
@@ -261,7 +281,7 @@ std::optional<proto::Layout> CreateBehind::take_layout(InodeId ino) {
       const bool queued = std::any_of(d.queued.begin(), d.queued.end(),
                                       [&](const pm::CreateBehind& e) { return e.ino == ino; });
       if (queued) {
-        d.written_early += 1;
+        d.against += 1;  // judged when it was created
         break;
       }
     }

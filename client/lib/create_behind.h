@@ -3,9 +3,9 @@
 // the server side is server/meta/dir_leases.h).
 //
 // How a directory becomes leased: after `creates_before_lease` files synchronously created in it
-// were closed again unwritten within `burst_window` (markers, lock files, a tree of empty files:
-// a file written at once gains nothing, as its first write waits for its create anyway), the
-// closing thread asks the meta server (DirLease) for the lease and a block of inode numbers. The
+// were closed again within `burst_window` (markers, lock files, a tree of empty files, a dataset's
+// small files written one by one), the closing thread asks the meta server (DirLease) for the
+// lease and a block of inode numbers. The
 // grant lists the directory's names; from then on this mount knows every name in it: its own
 // creates, mkdirs, links and renames add to that list (whatever their outcome, before the kernel
 // is answered; also those that race the grant's listing, which may miss them), its removals take
@@ -17,6 +17,14 @@
 // - create(): a CREATE of such a name takes a number from the pool, makes the attributes (mode,
 //   owner, group as the parent's setgid bit says, times from this host's clock, no layout yet) and
 //   queues the create; the caller answers the kernel with them.
+// A directory whose files are mostly written at once (a dataset or a checkpoint step's files
+// written one by one) keeps its lease but creates synchronously (`sync_creates`): each first write
+// would wait for its batch, and one flusher sending the batches of several directories in turn is
+// slower than each thread sending its own Create. So a written small file costs two meta round
+// trips (Create, the close's size report) instead of three (the negative lookup too). Which way a
+// directory goes is judged from the burst that asked for the lease and then from every
+// kJudgeAfter files: creates behind written before they were sent, or synchronous creates closed
+// unwritten, in half of them turn it the other way.
 // A flusher thread sends what is queued every `flush_interval` (or at once when `max_batch` are
 // queued or someone waits in barrier()), one CreateBatch per directory; each reply renews the lease
 // and tops up the pool. A batch that arrives after the lease ended is still applied; one whose call
@@ -80,6 +88,7 @@ struct CreateBehindStats {
   uint64_t batches = 0;         // CreateBatch calls
   uint64_t failed = 0;          // creates the server refused after they were answered
   uint64_t resent = 0;          // batches sent again after a failed call or kBusy
+  uint64_t turned = 0;          // directories turned from creates behind to synchronous creates or back
 };
 
 class CreateBehind {
@@ -109,9 +118,11 @@ class CreateBehind {
                                          const proto::Caller& caller);
   // A synchronous create of `ino` as `name` in `dir` succeeded.
   void created_sync(InodeId dir, std::string_view name, InodeId ino);
-  // The last handle of `ino` closed; `written`: data was written through it. After a burst of
-  // synchronously created files closed unwritten this asks for the lease (an RPC on this thread).
-  void closed(InodeId ino, bool written);
+  // Data is being written to `ino` (the first write since its last size report).
+  void written(InodeId ino);
+  // The last handle of `ino` closed. After a burst of synchronously created files closed again this
+  // asks for the lease (an RPC on this thread).
+  void closed(InodeId ino);
   // This client added or removed a name in `dir` through the meta server.
   void added(InodeId dir, std::string_view name);
   void removed(InodeId dir, std::string_view name);
@@ -137,13 +148,17 @@ class CreateBehind {
     proto::InodeAttr attr;                      // the directory's, from the grant
     std::vector<proto::meta::CreateBehind> queued;
     SessionId queued_session;                   // the session `queued` was made under
-    // Of the last creates behind (counted up to kJudgeAfter), how many were written before their
-    // create was sent: each such write waits for the batch, as a synchronous create would have,
-    // and needs its chains fetched; when they are half, the lease is given up (a dataset being
-    // written file by file gains nothing from it).
-    int behind = 0;
-    int written_early = 0;
-    int burst = 0;                              // synchronous creates since burst_start
+    // Files here are mostly written at once: the lease answers lookups, creates go to the server
+    // one by one (see the top of this file).
+    bool sync_creates = false;
+    // Of the last files judged (up to kJudgeAfter), how many went against the way this directory
+    // creates: creates behind written before they were sent (each such write waits for its batch),
+    // or synchronous creates closed unwritten (each could have been answered here). When they are
+    // half, the directory turns the other way.
+    int judged = 0;
+    int against = 0;
+    int burst = 0;                              // synchronous creates closed since burst_start
+    int burst_written = 0;                      // of them, written
     Clock::time_point burst_start;
     Clock::time_point refused_until;
     Clock::time_point used;                     // last touched (to forget the oldest)
@@ -158,6 +173,10 @@ class CreateBehind {
   // REQUIRES mu_. The directory's record, made when missing (forgetting the oldest idle one).
   Dir& dir_locked(InodeId dir, Clock::time_point now);
   bool live_locked(const Dir& d, Clock::time_point now) const { return d.held && now < d.deadline; }
+  // Counts one file judged for `d` (`against`: it went against the way d creates). First, when the
+  // last kJudgeAfter counted had half against, turns d the other way instead and returns true (the
+  // caller's file then goes the new way, uncounted). REQUIRES mu_.
+  bool judge_locked(Dir& d, InodeId dir, bool against);
   // Applies a grant or renewal answered to a request sent at `sent`. REQUIRES mu_.
   void apply_lease_locked(Dir& d, InodeId dir, const proto::meta::DirLeaseResp& r, Clock::time_point sent);
   void extend_locked(Dir& d, int64_t lease_ns, Clock::time_point sent);
@@ -178,8 +197,12 @@ class CreateBehind {
   std::condition_variable answered_;  // barrier(): answered_seq_ moved
   std::unordered_map<uint64_t, Dir> dirs_;  // guarded by mu_
   std::vector<InodeId> pool_;               // unused numbers of pool_session_; guarded by mu_
-  // Files created synchronously and not closed yet, with their directory (at most kRecentKept).
-  std::unordered_map<uint64_t, uint64_t> recent_;  // guarded by mu_
+  // Files created synchronously and not closed yet (at most kRecentKept), by inode number.
+  struct Recent {
+    uint64_t dir = 0;
+    bool written = false;
+  };
+  std::unordered_map<uint64_t, Recent> recent_;  // guarded by mu_
   static constexpr size_t kRecentKept = 1024;
   // Layouts of answered creates behind, for take_layout(); `layout_order` drops the oldest.
   std::unordered_map<uint64_t, proto::Layout> layouts_;  // guarded by mu_

@@ -13,8 +13,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -228,6 +230,63 @@ TEST_F(DropCachesTest, StatsShowEveryTargetAndReportAServerThatDoesNotAnswer) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_EQ(target_lines(r.output).size(), 2u) << r.output;
   EXPECT_NE(r.output.find("gave no counters"), std::string::npos) << r.output;
+}
+
+// A written small file costs two meta round trips: its Create and its close's size report. The
+// mount's directory lease answers the kernel's negative LOOKUP of each new name (a dataset written
+// file by file; client/lib/create_behind.h), except right after the lease's term ran out, which
+// the next create renews (DirLease). Counted by penstock-meta itself (`penstock stats --methods`).
+TEST_F(DropCachesTest, AWrittenSmallFileCostsTwoMetaRoundTrips) {
+  const std::string penstock = build_dir() + "/tools/penstock";
+  const std::string dir = cluster_.mount_path() + "/written-small";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0) << errno_name(errno);
+  auto write_files = [&](int from, int to) {
+    for (int i = from; i < to; ++i) {
+      ASSERT_TRUE(write_file(dir + "/f" + std::to_string(i), pattern(8192, static_cast<uint64_t>(i), 47))) << i;
+    }
+  };
+  auto meta_calls = [&] {
+    CommandResult r = run_command({penstock, "stats", "--meta", cluster_.meta_addr(), "--methods", "--json"}, 60);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::map<std::string, int64_t> calls;
+    for (const std::string& line : stats_lines(r.output, "\"server\":\"meta\"")) {
+      const size_t at = line.find("\"method\":\"");
+      if (at == std::string::npos) continue;
+      const size_t from = at + 10;
+      calls[line.substr(from, line.find('"', from) - from)] = stats_sum({line}, "calls");
+    }
+    return calls;
+  };
+  write_files(0, 20);  // the burst that takes the lease (16 files created and closed)
+  const std::map<std::string, int64_t> before = meta_calls();
+  constexpr int kFiles = 200;
+  const auto t0 = std::chrono::steady_clock::now();
+  write_files(20, 20 + kFiles);
+  const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::map<std::string, int64_t> after = meta_calls();
+  auto made = [&](const std::string& m) {
+    auto b = before.find(m);
+    return after[m] - (b == before.end() ? 0 : b->second);
+  };
+  const int64_t lookups = made("LookupOpen") + made("Lookup");
+  const int64_t renewals = made("DirLease");
+  EXPECT_EQ(made("Create"), kFiles);
+  EXPECT_EQ(made("CreateBatch"), 0) << "written at once: created synchronously";
+  EXPECT_EQ(made("ReportSizeAtClose"), kFiles);
+  // The directory's attributes come with each create; the mount root's expire after 1 s.
+  EXPECT_LE(made("GetAttr"), static_cast<int64_t>(took_s) + 2);
+  EXPECT_LE(lookups, renewals + 1) << "only a lookup after the term ran out reaches the server";
+  EXPECT_LE(renewals, kFiles / 4) << "a 250 ms term outlasts several creates";
+  const auto counters = mount_counters(cluster_.mount_path());
+  EXPECT_GE(counters.at("lookups_answered_by_dir_lease"), static_cast<uint64_t>(kFiles - renewals - 1));
+  std::printf("%d written small files: %lld Create, %lld ReportSizeAtClose, %lld lookups, %lld DirLease\n", kFiles,
+              static_cast<long long>(made("Create")), static_cast<long long>(made("ReportSizeAtClose")),
+              static_cast<long long>(lookups), static_cast<long long>(renewals));
+  for (int i = 0; i < 20 + kFiles; i += 37) {
+    std::string back;
+    ASSERT_TRUE(read_file(dir + "/f" + std::to_string(i), &back)) << i;
+    EXPECT_TRUE(same_bytes(pattern(8192, static_cast<uint64_t>(i), 47), back)) << i;
+  }
 }
 
 TEST_F(DropCachesTest, XattrIsVirtual) {

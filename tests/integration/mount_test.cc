@@ -587,26 +587,6 @@ TEST_F(MountTest, WriteDataIsSplicedWhereAPipeHoldsAWholeWriteAndLandsExactEithe
   unmount_and_reap(copied);
 }
 
-// The mount's counters from its virtual xattr user.penstock.stats ("name value" lines), read as
-// getfattr does: a size probe, then the value into a buffer of that size.
-std::map<std::string, uint64_t> mount_counters(const std::string& path) {
-  std::map<std::string, uint64_t> out;
-  const ssize_t probe = ::getxattr(path.c_str(), "user.penstock.stats", nullptr, 0);
-  EXPECT_GT(probe, 0) << errno_name(errno);
-  if (probe <= 0) return out;
-  std::string text(static_cast<size_t>(probe), '\0');
-  const ssize_t n = ::getxattr(path.c_str(), "user.penstock.stats", text.data(), text.size());
-  EXPECT_GT(n, 0) << errno_name(errno);
-  if (n <= 0) return out;
-  text.resize(static_cast<size_t>(n));
-  std::istringstream lines(text);
-  std::string name;
-  uint64_t value = 0;
-  while (lines >> name >> value) out[name] = value;
-  EXPECT_TRUE(lines.eof()) << "not a \"name value\" line in: " << text;
-  return out;
-}
-
 std::set<std::string> list_xattrs(const std::string& path) {
   std::set<std::string> names;
   std::string buf(64 * 1024, '\0');

@@ -236,8 +236,8 @@ TEST_F(TwoMountsTest, OpensWithOCreatRacingOnTwoMountsBothOpenTheOneFile) {
     ready.fetch_add(1);
     while (ready.load() < 2 * (round + 1)) {
     }
-    // A directory of its own per 8 names: 16 unwritten creates in one directory would make a mount
-    // take its lease, and the race is between two mounts creating without one.
+    // A directory of its own per 8 names: 16 files created and closed in one directory would make a
+    // mount take its lease, and the race is between two mounts creating without one.
     const std::string path = root + "/d" + std::to_string(round / 8) + "/f" + std::to_string(round);
     *fd = open(path.c_str(), flags, 0644);
     *err = *fd < 0 ? errno : 0;

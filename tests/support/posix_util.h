@@ -1,18 +1,21 @@
 // Small POSIX helpers for tests that drive a file system through system calls: an owning fd,
-// whole-buffer read/write loops, deterministic byte patterns, page-cache residency, and errno
-// assertions that print the errno's name. Header-only; every function is thread-compatible (no
-// shared state).
+// whole-buffer read/write loops, deterministic byte patterns, page-cache residency, errno
+// assertions that print the errno's name, and a Penstock mount's counters. Header-only; every
+// function is thread-compatible (no shared state).
 #pragma once
 
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -254,6 +257,26 @@ inline ::testing::AssertionResult same_bytes(std::string_view expected, std::str
     }
   }
   return ::testing::AssertionSuccess();
+}
+
+// The mount's counters from its virtual xattr user.penstock.stats ("name value" lines), read as
+// getfattr does: a size probe, then the value into a buffer of that size.
+inline std::map<std::string, uint64_t> mount_counters(const std::string& path) {
+  std::map<std::string, uint64_t> out;
+  const ssize_t probe = ::getxattr(path.c_str(), "user.penstock.stats", nullptr, 0);
+  EXPECT_GT(probe, 0) << errno_name(errno);
+  if (probe <= 0) return out;
+  std::string text(static_cast<size_t>(probe), '\0');
+  const ssize_t n = ::getxattr(path.c_str(), "user.penstock.stats", text.data(), text.size());
+  EXPECT_GT(n, 0) << errno_name(errno);
+  if (n <= 0) return out;
+  text.resize(static_cast<size_t>(n));
+  std::istringstream lines(text);
+  std::string name;
+  uint64_t value = 0;
+  while (lines >> name >> value) out[name] = value;
+  EXPECT_TRUE(lines.eof()) << "not a \"name value\" line in: " << text;
+  return out;
 }
 
 }  // namespace penstock::testing

@@ -98,7 +98,7 @@ CreateBehindOptions options() {
 void burst(CreateBehind& cb) {
   for (int i = 0; i < 3; ++i) {
     cb.created_sync(kDir, "sync" + std::to_string(i), InodeId{static_cast<uint64_t>(500 + i)});
-    cb.closed(InodeId{static_cast<uint64_t>(500 + i)}, false);
+    cb.closed(InodeId{static_cast<uint64_t>(500 + i)});
   }
 }
 
@@ -132,17 +132,17 @@ TEST(CreateBehindTest, AfterABurstOfCreatesTheLeaseIsAskedForAndAbsentNamesAreAn
   cb.created_sync(kDir, "sync1", InodeId{501});
   cb.created_sync(kDir, "sync2", InodeId{502});
   cb.created_sync(kDir, "sync3", InodeId{503});
-  cb.closed(InodeId{500}, false);
-  cb.closed(InodeId{501}, true);  // written: the count starts again
-  cb.closed(InodeId{502}, false);
-  cb.closed(InodeId{503}, false);
-  EXPECT_TRUE(meta.leases.empty()) << "no lease before the burst of unwritten files";
+  cb.closed(InodeId{500});
+  cb.closed(InodeId{501});
+  EXPECT_TRUE(meta.leases.empty()) << "no lease before the burst";
   EXPECT_FALSE(cb.known_absent(kDir, "nope"));
   EXPECT_FALSE(cb.create(kDir, "nope", 0644, kCaller).has_value());
-  cb.closed(InodeId{777}, false);  // not created here: not counted
+  cb.written(InodeId{777});
+  cb.closed(InodeId{777});  // not created here: not counted
+  cb.closed(InodeId{500});  // counted once
   EXPECT_TRUE(meta.leases.empty());
-  cb.created_sync(kDir, "sync4", InodeId{504});
-  cb.closed(InodeId{504}, false);
+  cb.written(InodeId{502});
+  cb.closed(InodeId{502});  // written or not, every close counts
   ASSERT_EQ(meta.leases.size(), 1u);
   EXPECT_EQ(meta.leases[0].dir, kDir);
   EXPECT_FALSE(meta.leases[0].have_names);
@@ -214,7 +214,12 @@ TEST(CreateBehindTest, AFileClosedBeforeItsCreateWasSentIsSentClosed) {
   EXPECT_TRUE(meta.batches[0].entries[1].open);
 }
 
-TEST(CreateBehindTest, ADirectoryWhoseFilesAreWrittenAtOnceIsGivenUp) {
+// A dataset written file by file: half the files created behind are written before their batch
+// was sent (each such write waits for it). The directory then creates synchronously, one Create per
+// file from the caller's thread, and keeps its lease for the lookups: a written small file costs
+// two meta round trips (Create, size report), not three. When its files are then closed unwritten
+// again, creates are answered here again.
+TEST(CreateBehindTest, ADirectoryWhoseFilesAreWrittenAtOnceCreatesSynchronouslyAndKeepsAnsweringLookups) {
   FakeMeta meta;
   CreateBehindOptions o = options();
   o.inode_refill = 256;
@@ -227,8 +232,49 @@ TEST(CreateBehindTest, ADirectoryWhoseFilesAreWrittenAtOnceIsGivenUp) {
       ASSERT_TRUE(cb.take_layout(a->ino).has_value()) << "written before its create was sent";
     }
   }
+  EXPECT_TRUE(cb.known_absent(kDir, "next"));
   EXPECT_FALSE(cb.create(kDir, "next", 0644, kCaller).has_value()) << "half were written at once";
-  EXPECT_FALSE(cb.known_absent(kDir, "next"));
+  EXPECT_EQ(cb.stats().turned, 1u);
+  // Synchronous creates (the caller sent Create) closed written: the directory stays this way, and
+  // its lookups are answered here all along.
+  uint64_t ino = 700;
+  for (int i = 0; i < 2 * CreateBehind::kJudgeAfter; ++i, ++ino) {
+    const std::string name = "s" + std::to_string(i);
+    ASSERT_TRUE(cb.known_absent(kDir, name)) << i;
+    ASSERT_FALSE(cb.create(kDir, name, 0644, kCaller).has_value()) << i;
+    cb.created_sync(kDir, name, InodeId{ino});
+    EXPECT_FALSE(cb.known_absent(kDir, name)) << i << ": made, listed";
+    cb.written(InodeId{ino});
+    cb.written(InodeId{ino});  // again after a size report
+    cb.closed(InodeId{ino});
+  }
+  EXPECT_EQ(cb.stats().turned, 1u);
+  // Now closed unwritten (markers): after kJudgeAfter of them, creates are answered here again.
+  for (int i = 0; i <= CreateBehind::kJudgeAfter; ++i, ++ino) {
+    const std::string name = "m" + std::to_string(i);
+    ASSERT_FALSE(cb.create(kDir, name, 0644, kCaller).has_value()) << i;
+    cb.created_sync(kDir, name, InodeId{ino});
+    cb.closed(InodeId{ino});
+  }
+  EXPECT_TRUE(cb.create(kDir, "behind-again", 0644, kCaller).has_value());
+  EXPECT_EQ(cb.stats().turned, 2u);
+  std::lock_guard lock(meta.mu);
+  EXPECT_EQ(meta.leases.size(), 1u) << "one grant all along";
+}
+
+// A burst of files written at once asks for the lease too, and starts with synchronous creates.
+TEST(CreateBehindTest, ABurstOfWrittenFilesLeasesTheDirectoryForItsLookups) {
+  FakeMeta meta;
+  CreateBehind cb(options(), meta.rpc());
+  for (int i = 0; i < 3; ++i) {
+    cb.created_sync(kDir, "sync" + std::to_string(i), InodeId{static_cast<uint64_t>(500 + i)});
+    if (i != 1) cb.written(InodeId{static_cast<uint64_t>(500 + i)});
+    cb.closed(InodeId{static_cast<uint64_t>(500 + i)});
+  }
+  ASSERT_EQ(meta.leases.size(), 1u);
+  EXPECT_TRUE(cb.known_absent(kDir, "new"));
+  EXPECT_FALSE(cb.create(kDir, "new", 0644, kCaller).has_value()) << "two of three were written";
+  EXPECT_FALSE(cb.known_absent(kDir, "sync1"));
 }
 
 TEST(CreateBehindTest, NumbersRunningOutMakeCreatesSynchronousUntilABatchRefills) {
@@ -256,7 +302,7 @@ TEST(CreateBehindTest, ARefusedRenewalStopsAnsweringHere) {
   EXPECT_FALSE(cb.create(kDir, "b", 0644, kCaller).has_value());
   for (uint64_t i = 0; i < 3; ++i) {
     cb.created_sync(kDir, "s" + std::to_string(i), InodeId{600 + i});
-    cb.closed(InodeId{600 + i}, false);
+    cb.closed(InodeId{600 + i});
   }
   EXPECT_EQ(meta.leases.size(), 1u) << "not asked again during the back-off";
 }
