@@ -585,10 +585,17 @@ Result<proto::InodeAttr> Client::mkdir(InodeId parent, const std::string& name, 
 }
 
 Status Client::unlink(InodeId parent, const std::string& name) {
-  Status st = meta_call<meta::Unlink>(meta::NameReq{parent, name, session()}).status();
-  dir_attrs_.invalidate(parent);  // also on failure: the outcome of a lost reply is unknown
-  if (st.is_ok() && cb_ != nullptr) cb_->removed(parent, name);
-  return st;
+  const DirAttrCache::Ticket t = dir_attrs_.ticket();
+  auto r = meta_call<meta::Unlink>(meta::NameReq{parent, name, session()});
+  if (!r.has_value()) {
+    dir_attrs_.invalidate(parent);  // the outcome of a lost reply is unknown
+    return std::move(r).error();
+  }
+  // The kernel drops the directory's attributes after an unlink; its next permission check there
+  // is answered with these.
+  dir_attrs_.offer(t, r->parent);
+  if (cb_ != nullptr) cb_->removed(parent, name);
+  return Status::ok();
 }
 
 Status Client::rmdir(InodeId parent, const std::string& name) {

@@ -84,6 +84,9 @@ struct MkdirReq {
 // `session`: also the requester whose own entry lease on the name does not delay an rmdir (its
 // kernel drops the dentry itself).
 struct NameReq { InodeId parent; std::string name; SessionId session; PENSTOCK_FIELDS(parent, name, session); };
+// The directory's attributes after the unlink (new mtime, ctime): the mount answers the kernel's
+// next GETATTR of it (the permission check of the next path walk) without asking (version 6).
+struct UnlinkResp { InodeAttr parent; PENSTOCK_FIELDS(parent); };
 
 // Rename flags as in renameat2(2).
 enum RenameFlags : uint32_t { kRenameNoReplace = 1u << 0, kRenameExchange = 1u << 1 };
@@ -291,7 +294,7 @@ PENSTOCK_METHOD(SetAttr, ServiceId::kMeta, 12, SetAttrReq, AttrResp);
 PENSTOCK_METHOD(Create, ServiceId::kMeta, 13, CreateReq, AttrResp);
 PENSTOCK_METHOD(Mknod, ServiceId::kMeta, 14, MknodReq, AttrResp);
 PENSTOCK_METHOD(Mkdir, ServiceId::kMeta, 15, MkdirReq, AttrResp);
-PENSTOCK_METHOD(Unlink, ServiceId::kMeta, 16, NameReq, Empty);
+PENSTOCK_METHOD(Unlink, ServiceId::kMeta, 16, NameReq, UnlinkResp);
 PENSTOCK_METHOD(Rmdir, ServiceId::kMeta, 17, NameReq, Empty);
 PENSTOCK_METHOD(Rename, ServiceId::kMeta, 18, RenameReq, Empty);
 PENSTOCK_METHOD(Link, ServiceId::kMeta, 19, LinkReq, AttrResp);

@@ -108,7 +108,7 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc, Envelopes 
   handle_change<pm::Create>(server, *changes, [&svc](const pm::CreateReq& r, RequestContext&) { return svc.create(r); });
   handle_change<pm::Mknod>(server, *changes, [&svc](const pm::MknodReq& r, RequestContext&) { return svc.mknod(r); });
   handle_change<pm::Mkdir>(server, *changes, [&svc](const pm::MkdirReq& r, RequestContext&) { return svc.mkdir(r); });
-  handle_change<pm::Unlink>(server, *changes, [&svc](const pm::NameReq& r, RequestContext&) { return empty_or(svc.unlink(r)); });
+  handle_change<pm::Unlink>(server, *changes, [&svc](const pm::NameReq& r, RequestContext&) { return svc.unlink(r); });
   // rmdir and rename may sleep until other mounts' entry leases on their names ended (up to the
   // lease term plus grace): pm::kReplayWaits puts them on the waiting pool, so that they never hold the workers.
   handle_change<pm::Rmdir>(server, *changes, [&svc](const pm::NameReq& r, RequestContext&) { return empty_or(svc.rmdir(r)); });

@@ -1032,9 +1032,10 @@ Status MetaService::drop_link(Txn& txn, InodeRecord& rec, int64_t now, bool* que
   return finalize_inode(txn, rec, now, queued_gc);
 }
 
-Status MetaService::unlink_applied(const pm::NameReq& req) {
+Result<pm::UnlinkResp> MetaService::unlink_applied(const pm::NameReq& req) {
   PENSTOCK_RETURN_IF_ERROR(validate_name(req.name));
   bool queued = false;
+  pm::UnlinkResp resp;
   {
     std::lock_guard lock(mu_);
     int64_t now = options_.now();
@@ -1048,10 +1049,11 @@ Status MetaService::unlink_applied(const pm::NameReq& req) {
     PENSTOCK_RETURN_IF_ERROR(drop_link(txn, *rec, now, &queued));
     set_mtime_ctime(parent, now);
     txn.dirty(parent);
-    PENSTOCK_RETURN_IF_ERROR(commit_change(txn, proto::Empty{}).with_context("unlink " + quoted(req.name)));
+    resp.parent = parent->attr;
+    PENSTOCK_RETURN_IF_ERROR(commit_change(txn, resp).with_context("unlink " + quoted(req.name)));
   }
   notify_gc(queued);
-  return Status::ok();
+  return resp;
 }
 
 Status MetaService::rmdir_applied(const pm::NameReq& req, InodeId checked_victim) {
@@ -2074,12 +2076,12 @@ Result<pm::CreateBatchResp> MetaService::create_batch(const pm::CreateBatchReq& 
   return handed(Result<pm::CreateBatchResp>(std::move(resp)));
 }
 
-Status MetaService::unlink(const pm::NameReq& req) {
+Result<pm::UnlinkResp> MetaService::unlink(const pm::NameReq& req) {
   DirLeases::Change change(dir_leases_, req.parent, req.session);
   PENSTOCK_RETURN_IF_ERROR(leased_elsewhere(change.wait_ns(), req.parent));
-  Status st = unlink_applied(req);
-  if (!st.is_ok()) return durable(std::move(st));
-  return handed(std::move(st));
+  Result<pm::UnlinkResp> r = unlink_applied(req);
+  if (!r.has_value()) return durable(std::move(r));
+  return handed(std::move(r));
 }
 Status MetaService::rmdir(const pm::NameReq& req) {
   DirLeases::Change dir_change(dir_leases_, req.parent, req.session);

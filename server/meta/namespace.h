@@ -133,7 +133,7 @@ class MetaService {
   // S_IFDIR: kNotPermitted (use mkdir); S_IFLNK or unknown type: kInvalid.
   Result<pm::AttrResp> mknod(const pm::MknodReq& req);
   Result<pm::AttrResp> mkdir(const pm::MkdirReq& req);            // kExists
-  Status unlink(const pm::NameReq& req);                          // kNotFound, kIsDir
+  Result<pm::UnlinkResp> unlink(const pm::NameReq& req);          // kNotFound, kIsDir
   // kNotFound, kNotDir, kNotEmpty. Rmdir and rename first wait until no session but req.session
   // holds an entry lease on a name they change (at most the lease term).
   Status rmdir(const pm::NameReq& req);
@@ -293,7 +293,7 @@ class MetaService {
   Result<pm::AttrResp> make_node_in(Txn& txn, InodeId parent, const std::string& name, uint32_t mode, uint64_t rdev,
                                     const proto::Caller& caller, SessionId session, const std::string& symlink_target,
                                     InodeId ino, int64_t now);
-  Status unlink_applied(const pm::NameReq& req);
+  Result<pm::UnlinkResp> unlink_applied(const pm::NameReq& req);
   Status rmdir_applied(const pm::NameReq& req, InodeId checked_victim);
   Status rename_applied(const pm::RenameReq& req, InodeId checked_victim);
   Result<pm::AttrResp> link_applied(const pm::LinkReq& req);

@@ -3,6 +3,7 @@
 // and the page cache of its chunk files, without changing a byte; only root or the mount's owner may do it; and
 // `penstock-bench --drop-caches` on a Penstock mount uses it. And data servers at
 // --direct-read-min, whose cold reads of large files leave their page cache empty.
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -94,6 +95,28 @@ int64_t stats_sum(const std::vector<std::string>& lines, const std::string& key)
 
 // The data servers' targets in `penstock stats --json` output.
 std::vector<std::string> target_lines(const std::string& output) { return stats_lines(output, "\"target\":"); }
+
+// penstock-meta's calls per method so far (`penstock stats --methods --json`).
+std::map<std::string, int64_t> meta_method_calls(const std::string& meta_addr) {
+  CommandResult r = run_command({build_dir() + "/tools/penstock", "stats", "--meta", meta_addr, "--methods", "--json"}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::map<std::string, int64_t> calls;
+  for (const std::string& line : stats_lines(r.output, "\"server\":\"meta\"")) {
+    const std::string key = "\"method\":\"";
+    const size_t at = line.find(key);
+    if (at == std::string::npos) continue;
+    const size_t from = at + key.size();
+    calls[line.substr(from, line.find('"', from) - from)] = stats_sum({line}, "calls");
+  }
+  return calls;
+}
+
+int64_t calls_since(const std::map<std::string, int64_t>& before, const std::map<std::string, int64_t>& after,
+                    const std::string& method) {
+  auto b = before.find(method);
+  auto a = after.find(method);
+  return (a == after.end() ? 0 : a->second) - (b == before.end() ? 0 : b->second);
+}
 
 // A log file's text ("" when it cannot be read; the assertions on its contents then fail).
 std::string slurp(const std::string& path) {
@@ -237,7 +260,6 @@ TEST_F(DropCachesTest, StatsShowEveryTargetAndReportAServerThatDoesNotAnswer) {
 // file by file; client/lib/create_behind.h), except right after the lease's term ran out, which
 // the next create renews (DirLease). Counted by penstock-meta itself (`penstock stats --methods`).
 TEST_F(DropCachesTest, AWrittenSmallFileCostsTwoMetaRoundTrips) {
-  const std::string penstock = build_dir() + "/tools/penstock";
   const std::string dir = cluster_.mount_path() + "/written-small";
   ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0) << errno_name(errno);
   auto write_files = [&](int from, int to) {
@@ -245,18 +267,7 @@ TEST_F(DropCachesTest, AWrittenSmallFileCostsTwoMetaRoundTrips) {
       ASSERT_TRUE(write_file(dir + "/f" + std::to_string(i), pattern(8192, static_cast<uint64_t>(i), 47))) << i;
     }
   };
-  auto meta_calls = [&] {
-    CommandResult r = run_command({penstock, "stats", "--meta", cluster_.meta_addr(), "--methods", "--json"}, 60);
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    std::map<std::string, int64_t> calls;
-    for (const std::string& line : stats_lines(r.output, "\"server\":\"meta\"")) {
-      const size_t at = line.find("\"method\":\"");
-      if (at == std::string::npos) continue;
-      const size_t from = at + 10;
-      calls[line.substr(from, line.find('"', from) - from)] = stats_sum({line}, "calls");
-    }
-    return calls;
-  };
+  auto meta_calls = [&] { return meta_method_calls(cluster_.meta_addr()); };
   write_files(0, 20);  // the burst that takes the lease (16 files created and closed)
   const std::map<std::string, int64_t> before = meta_calls();
   constexpr int kFiles = 200;
@@ -264,10 +275,7 @@ TEST_F(DropCachesTest, AWrittenSmallFileCostsTwoMetaRoundTrips) {
   write_files(20, 20 + kFiles);
   const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::map<std::string, int64_t> after = meta_calls();
-  auto made = [&](const std::string& m) {
-    auto b = before.find(m);
-    return after[m] - (b == before.end() ? 0 : b->second);
-  };
+  auto made = [&](const std::string& m) { return calls_since(before, after, m); };
   const int64_t lookups = made("LookupOpen") + made("Lookup");
   const int64_t renewals = made("DirLease");
   EXPECT_EQ(made("Create"), kFiles);
@@ -287,6 +295,33 @@ TEST_F(DropCachesTest, AWrittenSmallFileCostsTwoMetaRoundTrips) {
     ASSERT_TRUE(read_file(dir + "/f" + std::to_string(i), &back)) << i;
     EXPECT_TRUE(same_bytes(pattern(8192, static_cast<uint64_t>(i), 47), back)) << i;
   }
+}
+
+// An unlink's reply carries its directory's new attributes, so the kernel's permission check of
+// the next unlink there (it dropped the directory's attributes) is answered by the mount.
+TEST_F(DropCachesTest, AnUnlinkCostsNoGetAttrOfItsDirectory) {
+  const std::string dir = cluster_.mount_path() + "/unlinked-many";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0) << errno_name(errno);
+  constexpr int kFiles = 100;
+  for (int i = 0; i < kFiles; ++i) ASSERT_TRUE(write_file(dir + "/f" + std::to_string(i), "x")) << i;
+  const std::map<std::string, int64_t> before = meta_method_calls(cluster_.meta_addr());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kFiles; ++i) ASSERT_EQ(::unlink((dir + "/f" + std::to_string(i)).c_str()), 0) << errno_name(errno);
+  const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::map<std::string, int64_t> after = meta_method_calls(cluster_.meta_addr());
+  EXPECT_EQ(calls_since(before, after, "Unlink"), kFiles);
+  // The mount root's attributes still expire after 1 s.
+  EXPECT_LE(calls_since(before, after, "GetAttr"), static_cast<int64_t>(took_s) + 2);
+  struct stat st {};
+  ASSERT_EQ(::stat(dir.c_str(), &st), 0) << errno_name(errno);
+  EXPECT_EQ(st.st_nlink, 2u);
+  DIR* d = ::opendir(dir.c_str());
+  ASSERT_NE(d, nullptr) << errno_name(errno);
+  int left = 0;
+  while (dirent* e = ::readdir(d)) left += e->d_name[0] != '.';
+  ::closedir(d);
+  EXPECT_EQ(left, 0);
+  ASSERT_EQ(::rmdir(dir.c_str()), 0) << errno_name(errno);
 }
 
 TEST_F(DropCachesTest, XattrIsVirtual) {

@@ -324,7 +324,7 @@ TEST_F(MetaDirLeaseTest, CreatesBehindAreAppliedAndOtherSessionsWaitUntilTheLeas
   EXPECT_EQ(svc_->mknod(pm::MknodReq{dir_, "x", S_IFIFO | 0644, 0, proto::Caller{0, 0}, b_}).status().code(), Code::kBusy);
   EXPECT_EQ(svc_->symlink(pm::SymlinkReq{dir_, "x", "t", proto::Caller{0, 0}, b_}).status().code(), Code::kBusy);
   EXPECT_EQ(svc_->link(pm::LinkReq{r.inos[0], dir_, "x", b_}).status().code(), Code::kBusy);
-  EXPECT_EQ(svc_->unlink(pm::NameReq{dir_, "f1", b_}).code(), Code::kBusy);
+  EXPECT_EQ(svc_->unlink(pm::NameReq{dir_, "f1", b_}).status().code(), Code::kBusy);
   EXPECT_EQ(svc_->rename(pm::RenameReq{dir_, "f1", kRootInode, "x", 0, b_}).code(), Code::kBusy);
   EXPECT_EQ(svc_->rename(pm::RenameReq{kRootInode, "d", dir_, "x", 0, b_}).code(), Code::kBusy)
       << "into the leased directory";
@@ -392,8 +392,8 @@ TEST_F(MetaDirLeaseTest, AFileSentClosedHasNoOpenToOutliveItsUnlink) {
   req.entries[1].open = false;
   auto done = svc_->create_batch(req);
   ASSERT_TRUE(done.has_value()) << done.error().to_string();
-  ASSERT_TRUE(svc_->unlink(pm::NameReq{dir_, "open", a_}).is_ok());
-  ASSERT_TRUE(svc_->unlink(pm::NameReq{dir_, "closed", a_}).is_ok());
+  ASSERT_TRUE(svc_->unlink(pm::NameReq{dir_, "open", a_}).has_value());
+  ASSERT_TRUE(svc_->unlink(pm::NameReq{dir_, "closed", a_}).has_value());
   auto gc = svc_->gc_pending(InodeId{0}, 10);
   ASSERT_TRUE(gc.has_value()) << gc.error().to_string();
   ASSERT_EQ(gc->size(), 1u) << "only the closed file is collected at once";
@@ -436,8 +436,8 @@ TEST_F(MetaDirLeaseTest, ALargeDirectoryIsNotLeasedAndAClosedSessionHoldsNothing
   EXPECT_EQ(r.lease_ns, 0) << "over kMaxLeasedNames names";
   EXPECT_TRUE(r.names.empty());
   EXPECT_TRUE(svc_->lookup(pm::LookupReq{dir_, "old", b_}).has_value()) << "not held";
-  ASSERT_TRUE(svc_->unlink(pm::NameReq{dir_, "n0", a_}).is_ok());
-  ASSERT_TRUE(svc_->unlink(pm::NameReq{dir_, "n1", a_}).is_ok());
+  ASSERT_TRUE(svc_->unlink(pm::NameReq{dir_, "n0", a_}).has_value());
+  ASSERT_TRUE(svc_->unlink(pm::NameReq{dir_, "n1", a_}).has_value());
   ASSERT_EQ(lease(a_, 0).lease_ns, kTerm);
   ASSERT_TRUE(svc_->close_session(pm::SessionReq{a_}).is_ok());
   EXPECT_TRUE(svc_->lookup(pm::LookupReq{dir_, "old", b_}).has_value()) << "A's session ended";
@@ -460,7 +460,7 @@ TEST_F(MetaDirLeaseTest, RemovingALeasedDirectoryWaitsLikeAChangeOfItsNames) {
 // back, so the mount answers no create behind it for a directory that is gone (every one of them
 // would be refused later, after the application was told its file exists).
 TEST_F(MetaDirLeaseTest, NoLeaseOnADirectoryRemovedWhileTheLeaseIsGranted) {
-  ASSERT_TRUE(svc_->unlink(pm::NameReq{dir_, "old", b_}).is_ok());
+  ASSERT_TRUE(svc_->unlink(pm::NameReq{dir_, "old", b_}).has_value());
   faults_.after_read_key = schema::inode_key(dir_);
   faults_.after_read = [&] { ASSERT_TRUE(svc_->rmdir(pm::NameReq{kRootInode, "d", b_}).is_ok()); };
   auto r = svc_->dir_lease(pm::DirLeaseReq{a_, dir_, false, 4});

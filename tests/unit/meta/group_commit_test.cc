@@ -420,7 +420,7 @@ TEST_F(NamespaceGroupCommitTest, AChangeTheStoreCouldNotHandOverIsAnError) {
   store_.fail_soon_ = true;
   EXPECT_EQ(svc_->report_size_at_close(pm::ReportSizeReq{a->attr.ino, 5000, 77}).status().code(), Code::kIo);
   EXPECT_EQ(create("b").status().code(), Code::kIo);
-  EXPECT_EQ(svc_->unlink(pm::NameReq{kRootInode, "a"}).code(), Code::kIo);
+  EXPECT_EQ(svc_->unlink(pm::NameReq{kRootInode, "a"}).status().code(), Code::kIo);
   store_.fail_soon_ = false;
   EXPECT_TRUE(create("c").has_value());
 }

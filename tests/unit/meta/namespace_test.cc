@@ -78,7 +78,7 @@ class NamespaceTest : public ::testing::Test {
   Result<pm::AttrResp> lookup(InodeId parent, const std::string& name) {
     return svc_->lookup(pm::LookupReq{parent, name});
   }
-  Status unlink(InodeId parent, const std::string& name) { return svc_->unlink(pm::NameReq{parent, name}); }
+  Status unlink(InodeId parent, const std::string& name) { return svc_->unlink(pm::NameReq{parent, name}).status(); }
   Status rmdir(InodeId parent, const std::string& name) { return svc_->rmdir(pm::NameReq{parent, name}); }
   Status rename(InodeId p, const std::string& n, InodeId np, const std::string& nn, uint32_t flags = 0) {
     return svc_->rename(pm::RenameReq{p, n, np, nn, flags});
@@ -220,11 +220,14 @@ TYPED_TEST(NamespaceTest, UnlinkErrorsAndEffects) {
   EXPECT_CODE(this->unlink(kRootInode, "nope"), Code::kNotFound);
   InodeId f = this->must_create(kRootInode, "f");
   this->now_ += 100;
-  ASSERT_OK(this->unlink(kRootInode, "f"));
+  auto r = this->svc_->unlink(pm::NameReq{kRootInode, "f"});
+  ASSERT_TRUE(r.has_value()) << r.error().to_string();
   EXPECT_CODE(this->lookup(kRootInode, "f"), Code::kNotFound);
   EXPECT_CODE(this->svc_->get_attr(pm::InodeReq{f}), Code::kNotFound);
   EXPECT_EQ(this->attr(kRootInode).mtime_ns, this->now_);
   EXPECT_EQ(this->attr(kRootInode).ctime_ns, this->now_);
+  // The reply carries the parent as it is now (the mount answers the kernel's next GETATTR of it).
+  EXPECT_EQ(proto::encode(r->parent), proto::encode(this->attr(kRootInode)));
 }
 
 TYPED_TEST(NamespaceTest, HardLinks) {
@@ -1354,11 +1357,12 @@ TYPED_TEST(NamespaceTest, StoredRepliesSurviveARestartAndGoWithTheirSession) {
   int runs = 0;
   auto create_f = [&] { return this->create(kRootInode, "f", sess); };
   const std::string create_raw = proto::encode(testing::create_req(kRootInode, "f", sess));
-  auto unlink_g = [&] { return empty_or(this->unlink(kRootInode, "g")); };
+  auto unlink_g = [&] { return this->svc_->unlink(pm::NameReq{kRootInode, "g"}); };
   auto made = replayed<pm::AttrResp>(*this->svc_, sess, 0, 1, pm::Create::kId, create_f, &runs, create_raw);
   ASSERT_TRUE(made.has_value()) << made.error().to_string();
   this->must_create(kRootInode, "g");
-  ASSERT_TRUE(replayed<proto::Empty>(*this->svc_, sess, 1, 1, pm::Unlink::kId, unlink_g, &runs).has_value());
+  auto unlinked = replayed<pm::UnlinkResp>(*this->svc_, sess, 1, 1, pm::Unlink::kId, unlink_g, &runs);
+  ASSERT_TRUE(unlinked.has_value()) << unlinked.error().to_string();
   ASSERT_TRUE(replayed<pm::AttrResp>(*this->svc_, other, 0, 1, pm::Mkdir::kId,
                                      [&] { return this->mkdir(kRootInode, "o"); }, &runs)
                   .has_value());
@@ -1373,7 +1377,9 @@ TYPED_TEST(NamespaceTest, StoredRepliesSurviveARestartAndGoWithTheirSession) {
   auto again = replayed<pm::AttrResp>(*this->svc_, sess, 0, 1, pm::Create::kId, create_f, &runs, create_raw);
   ASSERT_TRUE(again.has_value()) << again.error().to_string();
   EXPECT_EQ(*again, *made);
-  ASSERT_TRUE(replayed<proto::Empty>(*this->svc_, sess, 1, 1, pm::Unlink::kId, unlink_g, &runs).has_value());
+  auto unlinked_again = replayed<pm::UnlinkResp>(*this->svc_, sess, 1, 1, pm::Unlink::kId, unlink_g, &runs);
+  ASSERT_TRUE(unlinked_again.has_value()) << unlinked_again.error().to_string();
+  EXPECT_EQ(*unlinked_again, *unlinked) << "the stored reply, with the parent as it was then";
   EXPECT_EQ(runs, 3);
   EXPECT_EQ(this->names(kRootInode), (std::vector<std::string>{"f", "o"}));
 

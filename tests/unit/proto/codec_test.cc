@@ -181,6 +181,7 @@ TEST(CodecTest, EveryMetaMessageRoundTrips) {
   round_trip(meta::MknodReq{InodeId{1}, "fifo", 010644, 0, Caller{}});
   round_trip(meta::MkdirReq{InodeId{1}, "d", 0755, Caller{5, 6}});
   round_trip(meta::NameReq{InodeId{1}, "x"});
+  EXPECT_EQ(round_trip(meta::UnlinkResp{sample_attr(4)}).parent.mtime_ns, sample_attr(4).mtime_ns);
   auto rn = round_trip(meta::RenameReq{InodeId{1}, "a", InodeId{2}, "b", meta::kRenameExchange});
   EXPECT_EQ(rn.flags, static_cast<uint32_t>(meta::kRenameExchange));
   round_trip(meta::LinkReq{InodeId{3}, InodeId{1}, "hard"});
