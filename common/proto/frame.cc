@@ -45,7 +45,10 @@ std::array<uint8_t, kFrameHeaderSize> encode_request_header(ServiceId service, u
 Result<FrameHeader> decode_header(std::span<const uint8_t> b) {
   if (b.size() < kFrameHeaderSize) return bad("truncated (" + std::to_string(b.size()) + " bytes)");
   if (load<uint32_t>(&b[0]) != kFrameMagic) return bad("wrong magic (not a Penstock peer?)");
-  if (b[4] != kFrameVersion) return bad("unsupported version " + std::to_string(b[4]));
+  if (b[4] != kFrameVersion) {
+    return bad("unsupported wire version " + std::to_string(b[4]) + " (this build speaks " +
+               std::to_string(kFrameVersion) + "; upgrade every node of the file system together)");
+  }
   FrameHeader h;
   if (b[5] != 1 && b[5] != 2) return bad("unknown kind " + std::to_string(b[5]));
   h.kind = static_cast<FrameKind>(b[5]);
