@@ -109,6 +109,7 @@ void CreateBehind::apply_lease_locked(Dir& d, InodeId dir, const pm::DirLeaseRes
 
 bool CreateBehind::known_absent(InodeId dir, std::string_view name) {
   std::lock_guard lock(mu_);
+  session_locked();  // a replaced session's holds are dropped
   auto it = dirs_.find(dir.value);
   if (it == dirs_.end() || !live_locked(it->second, Clock::now())) return false;
   if (it->second.names.count(std::string(name)) != 0) return false;
@@ -182,9 +183,11 @@ void CreateBehind::created_sync(InodeId dir, std::string_view name, InodeId ino)
   if (d.held && !d.sync_creates) return;
   if (recent_.size() >= kRecentKept) recent_.clear();  // files left open: start counting again
   recent_[ino.value] = Recent{dir.value, false};
+  recent_size_.store(recent_.size(), std::memory_order_relaxed);
 }
 
 void CreateBehind::written(InodeId ino) {
+  if (recent_size_.load(std::memory_order_relaxed) == 0) return;  // most writes: no file is watched
   std::lock_guard lock(mu_);
   auto r = recent_.find(ino.value);
   if (r != recent_.end()) r->second.written = true;
@@ -198,6 +201,7 @@ void CreateBehind::closed(InodeId ino) {
   const InodeId dir(r->second.dir);
   const bool written = r->second.written;
   recent_.erase(r);
+  recent_size_.store(recent_.size(), std::memory_order_relaxed);
   Clock::time_point now = Clock::now();
   {
     Dir& d = dir_locked(dir, now);
@@ -241,8 +245,10 @@ bool CreateBehind::judge_locked(Dir& d, InodeId dir, bool against) {
 
 bool CreateBehind::ask_lease_locked(std::unique_lock<std::mutex>& lock, InodeId dir, SessionId session,
                                     bool have_names) {
-  const uint32_t want = pool_.size() < options_.inode_refill / 2 ? options_.inode_refill : 0;
-  dir_locked(dir, Clock::now()).asking += 1;
+  Dir& asker = dir_locked(dir, Clock::now());
+  // A directory that creates synchronously uses no numbers.
+  const uint32_t want = !asker.sync_creates && pool_.size() < options_.inode_refill / 2 ? options_.inode_refill : 0;
+  asker.asking += 1;
   lock.unlock();
   const Clock::time_point sent = Clock::now();
   auto r = rpc_.lease(pm::DirLeaseReq{session, dir, have_names, want});
@@ -280,8 +286,10 @@ std::optional<proto::Layout> CreateBehind::take_layout(InodeId ino) {
     for (auto& [k, d] : dirs_) {
       const bool queued = std::any_of(d.queued.begin(), d.queued.end(),
                                       [&](const pm::CreateBehind& e) { return e.ino == ino; });
+      // Judged when it was created; counted only while the directory still creates behind and
+      // the window has room (a turn or a new window since then leaves it out).
       if (queued) {
-        d.against += 1;  // judged when it was created
+        if (!d.sync_creates && d.against < d.judged) d.against += 1;
         break;
       }
     }

@@ -120,8 +120,9 @@ class CreateBehind {
   void created_sync(InodeId dir, std::string_view name, InodeId ino);
   // Data is being written to `ino` (the first write since its last size report).
   void written(InodeId ino);
-  // The last handle of `ino` closed. After a burst of synchronously created files closed again this
-  // asks for the lease (an RPC on this thread).
+  // A handle of `ino` closed (the first close of a file created synchronously decides whether it
+  // counts as written). After a burst of synchronously created files closed again this asks for
+  // the lease (an RPC on this thread).
   void closed(InodeId ino);
   // This client added or removed a name in `dir` through the meta server.
   void added(InodeId dir, std::string_view name);
@@ -175,7 +176,8 @@ class CreateBehind {
   bool live_locked(const Dir& d, Clock::time_point now) const { return d.held && now < d.deadline; }
   // Counts one file judged for `d` (`against`: it went against the way d creates). First, when the
   // last kJudgeAfter counted had half against, turns d the other way instead and returns true (the
-  // caller's file then goes the new way, uncounted). REQUIRES mu_.
+  // caller's file then goes the new way and is judged there: at its close, when it is created
+  // synchronously). REQUIRES mu_.
   bool judge_locked(Dir& d, InodeId dir, bool against);
   // Applies a grant or renewal answered to a request sent at `sent`. REQUIRES mu_.
   void apply_lease_locked(Dir& d, InodeId dir, const proto::meta::DirLeaseResp& r, Clock::time_point sent);
@@ -203,6 +205,7 @@ class CreateBehind {
     bool written = false;
   };
   std::unordered_map<uint64_t, Recent> recent_;  // guarded by mu_
+  std::atomic<size_t> recent_size_{0};            // recent_.size(), read without mu_ (written()'s fast path)
   static constexpr size_t kRecentKept = 1024;
   // Layouts of answered creates behind, for take_layout(); `layout_order` drops the oldest.
   std::unordered_map<uint64_t, proto::Layout> layouts_;  // guarded by mu_
