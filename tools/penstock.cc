@@ -210,12 +210,10 @@ std::vector<MethodStats> minus(std::vector<MethodStats> now, const std::vector<M
   return now;
 }
 
-// Whether a server's second snapshot continues its first: it did not restart in between. Its
-// uptime grows by at least the time that passed here between receiving the first answer and
-// asking again (less a margin for the two hosts' clock rates: 100 ms and 0.1 %); a restart starts
-// it over, below that.
-bool continues(uint64_t before_uptime_ms, uint64_t now_uptime_ms, uint64_t waited_ms) {
-  return now_uptime_ms > before_uptime_ms && now_uptime_ms - before_uptime_ms + 100 + waited_ms / 1000 >= waited_ms;
+// Whether a server's second snapshot continues its first: the same run of it answered both (a
+// restart draws a new instance number) and its clock went on.
+bool continues(uint64_t before_instance, uint64_t before_uptime_ms, uint64_t now_instance, uint64_t now_uptime_ms) {
+  return before_instance != 0 && before_instance == now_instance && now_uptime_ms >= before_uptime_ms;
 }
 
 std::string percent(uint64_t part, uint64_t whole) {
@@ -362,12 +360,12 @@ struct Shown {
 };
 
 // `second` less `first`, per server that answered both and did not restart in between.
-Shown difference(const Snapshot& first, Snapshot second, uint64_t waited_ms) {
+Shown difference(const Snapshot& first, Snapshot second) {
   Shown out;
   out.interval = true;
   out.meta_baseline = false;
   if (first.meta.has_value() && second.meta.has_value() &&
-      continues(first.meta->uptime_ms, second.meta->uptime_ms, waited_ms)) {
+      continues(first.meta->instance, first.meta->uptime_ms, second.meta->instance, second.meta->uptime_ms)) {
     out.meta_baseline = true;
     out.meta_seconds = static_cast<double>(second.meta->uptime_ms - first.meta->uptime_ms) / 1000.0;
     second.meta->methods = minus(std::move(second.meta->methods), first.meta->methods);
@@ -379,7 +377,7 @@ Shown difference(const Snapshot& first, Snapshot second, uint64_t waited_ms) {
     auto before = std::find_if(first.data.begin(), first.data.end(),
                                [&](const auto& b) { return b.node.id == now.node.id; });
     if (!now.status.is_ok() || before == first.data.end() || !before->status.is_ok() ||
-        !continues(before->stats.uptime_ms, now.stats.uptime_ms, waited_ms)) {
+        !continues(before->stats.instance, before->stats.uptime_ms, now.stats.instance, now.stats.uptime_ms)) {
       continue;
     }
     out.data_baseline[i] = true;
@@ -484,13 +482,10 @@ int stats(const std::string& meta, double interval_s, bool json, bool methods) {
   auto first = snapshot(**c);
   if (!first.has_value()) return fail(first.error().to_string());
   if (interval_s <= 0) return print_stats(meta, Shown{std::move(*first)}, json, methods);
-  const auto asked = std::chrono::steady_clock::now();
   std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(interval_s * 1000)));
-  const auto waited = std::chrono::steady_clock::now() - asked;
   auto second = snapshot(**c);
   if (!second.has_value()) return fail(second.error().to_string());
-  const auto waited_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count());
-  return print_stats(meta, difference(*first, std::move(*second), waited_ms), json, methods);
+  return print_stats(meta, difference(*first, std::move(*second)), json, methods);
 }
 
 }  // namespace

@@ -112,7 +112,8 @@ struct StatsResp {
   uint64_t uptime_ms = 0;              // since the data server started
   std::vector<TargetStats> targets;    // every target it serves now, by id
   std::vector<MethodStats> methods;    // every method it has handled, by name (none called: left out)
-  PENSTOCK_FIELDS(uptime_ms, targets, methods);
+  uint64_t instance = 0;               // this run of the data server (RpcServer::instance)
+  PENSTOCK_FIELDS(uptime_ms, targets, methods, instance);
 };
 
 using ServiceId = ::penstock::proto::ServiceId;

@@ -262,7 +262,8 @@ struct ScrubResp {
 struct ServerStatsResp {
   uint64_t uptime_ms = 0;
   std::vector<MethodStats> methods;
-  PENSTOCK_FIELDS(uptime_ms, methods);
+  uint64_t instance = 0;  // this run of penstock-meta (RpcServer::instance)
+  PENSTOCK_FIELDS(uptime_ms, methods, instance);
 };
 
 // ---- exactly-once changes (a reply cache the meta server keeps on disk) ----

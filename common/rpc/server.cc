@@ -35,6 +35,7 @@
 #include <exception>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -188,6 +189,13 @@ Result<std::string> invoke(const HandlerEntry& entry, std::span<const uint8_t> m
   return r;
 }
 
+uint64_t random_instance() {
+  std::random_device rd;
+  uint64_t v = 0;
+  while (v == 0) v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return v;
+}
+
 }  // namespace
 
 class ServerConnection;
@@ -216,6 +224,7 @@ struct ServerState {
 
   ServerOptions options;
   const std::chrono::steady_clock::time_point created = std::chrono::steady_clock::now();
+  const uint64_t instance = random_instance();
   std::unordered_map<uint32_t, HandlerEntry> handlers;  // frozen by start()
   net::IoPool pool;  // the I/O threads, one context each; connections spread over them
   Strand accept_strand;
@@ -818,6 +827,8 @@ void RpcServer::count_call(proto::ServiceId service, uint16_t method, bool ok, s
   auto it = impl_->handlers.find(handler_key(service, method));
   if (it != impl_->handlers.end()) count_in(*it->second.counters, ok, busy);
 }
+
+uint64_t RpcServer::instance() const { return impl_->instance; }
 
 uint64_t RpcServer::uptime_ms() const {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(

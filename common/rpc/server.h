@@ -160,6 +160,9 @@ class RpcServer {
   std::vector<proto::MethodStats> method_stats() const;
   // Milliseconds since construction.
   uint64_t uptime_ms() const;
+  // A random non-zero number drawn at construction: two answers with the same one come from one
+  // run of the server (penstock stats tells a restart by it).
+  uint64_t instance() const;
   // Counts a call of (service, method) that a handler of another method ran itself (penstock-meta's
   // Replay runs the change it carries): in method_stats() under that method's name. Nothing when
   // the method has no handler. REQUIRES: start() ran (handlers are registered before).

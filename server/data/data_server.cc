@@ -96,6 +96,7 @@ Status DataServer::start() {
         if (r.has_value()) {
           r->uptime_ms = server_->uptime_ms();
           r->methods = server_->method_stats();
+          r->instance = server_->instance();
         }
         return r;
       },

@@ -157,7 +157,7 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc, Envelopes 
   server.handle<pm::ServerStats>(
       [&server](const proto::Empty&, RequestContext& ctx) -> Result<pm::ServerStatsResp> {
         if (!ctx.bulk_in().empty()) return Status(Code::kInvalid, "ServerStats carries no bulk bytes");
-        return pm::ServerStatsResp{server.uptime_ms(), server.method_stats()};
+        return pm::ServerStatsResp{server.uptime_ms(), server.method_stats(), server.instance()};
       },
       kInline);
   server.handle<pm::DirLease>([&svc](const pm::DirLeaseReq& r, RequestContext&) { return svc.dir_lease(r); });

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -253,6 +254,29 @@ TEST_F(DropCachesTest, StatsShowEveryTargetAndReportAServerThatDoesNotAnswer) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_EQ(target_lines(r.output).size(), 2u) << r.output;
   EXPECT_NE(r.output.find("gave no counters"), std::string::npos) << r.output;
+}
+
+// `penstock stats --interval` across a restart of penstock-meta: the meta server gets no rates (its
+// counters started again; the instance number in its answer tells), the data servers do, and the
+// command says which and exits 1.
+TEST_F(DropCachesTest, StatsIntervalAcrossAMetaRestartGivesItNoRates) {
+  const std::string penstock = build_dir() + "/tools/penstock";
+  ASSERT_TRUE(write_file(cluster_.mount_path() + "/before-restart", "x"));
+  CommandResult r;
+  std::thread stats([&] {
+    r = run_command({penstock, "stats", "--meta", cluster_.meta_addr(), "--json", "--interval", "4"}, 120);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ::testing::AssertionResult restarted = cluster_.restart_meta(/*crash=*/false);
+  stats.join();
+  ASSERT_TRUE(restarted) << restarted.message();
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("meta server " + cluster_.meta_addr() + ": restarted or unreachable during the interval"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(stats_lines(r.output, "\"server\":\"meta\"").size(), 0u) << "no rates for it:\n" << r.output;
+  EXPECT_EQ(stats_lines(r.output, "\"interval_s\":").size(), target_lines(r.output).size()) << r.output;
+  EXPECT_EQ(target_lines(r.output).size(), 3u) << "the data servers ran on:\n" << r.output;
 }
 
 // A written small file costs two meta round trips: its Create and its close's size report. The

@@ -220,7 +220,7 @@ TEST(CodecTest, EveryDataMessageRoundTrips) {
   round_trip(data::DropCachesReq{});
   round_trip(data::DropCachesReq{{TargetId{2}, TargetId{9}}});
   round_trip(data::DropCachesResp{3, 1000, 12});
-  data::StatsResp stats{123456, {}, {}};
+  data::StatsResp stats{123456, {}, {}, 0xfeedface12345678};
   data::TargetCounters c;
   uint64_t v = 1;
   c.visit_fields([&](auto&... f) { ((f = v++ * 1000003), ...); });  // each field a value of its own
@@ -229,6 +229,7 @@ TEST(CodecTest, EveryDataMessageRoundTrips) {
   const data::StatsResp back = round_trip(stats);
   ASSERT_EQ(back.targets.size(), 2u);
   EXPECT_EQ(back.uptime_ms, 123456u);
+  EXPECT_EQ(back.instance, 0xfeedface12345678u);
   EXPECT_EQ(back.targets[0].target, TargetId{4});
   EXPECT_EQ(back.targets[0].counters.reads, 1000003u);
   EXPECT_EQ(back.targets[0].counters.no_space, 13u * 1000003u);
@@ -241,7 +242,9 @@ TEST(CodecTest, EveryDataMessageRoundTrips) {
   EXPECT_EQ(with_methods.methods[0].calls, 7u);
   EXPECT_EQ(with_methods.methods[0].errors, 1u);
   EXPECT_EQ(with_methods.methods[0].busy_us, 900u);
-  const meta::ServerStatsResp m = round_trip(meta::ServerStatsResp{5, {MethodStats{"Create", 3, 0, 40}, MethodStats{}}});
+  const meta::ServerStatsResp m =
+      round_trip(meta::ServerStatsResp{5, {MethodStats{"Create", 3, 0, 40}, MethodStats{}}, 77});
+  EXPECT_EQ(m.instance, 77u);
   ASSERT_EQ(m.methods.size(), 2u);
   EXPECT_EQ(m.uptime_ms, 5u);
   EXPECT_EQ(m.methods[0].name, "Create");
