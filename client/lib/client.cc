@@ -598,17 +598,30 @@ Status Client::unlink(InodeId parent, const std::string& name) {
   return Status::ok();
 }
 
+// The kernel drops the attributes of the directories an rmdir or rename changed; its next
+// permission checks there are answered with the ones the reply carries. Which directories a
+// failed one changed is not known (a lost reply may hide a done change): all are forgotten.
+Status Client::take_dirs(const DirAttrCache::Ticket& t, const Result<meta::DirsResp>& r) {
+  if (!r.has_value()) {
+    dir_attrs_.invalidate_all();
+    return r.error();
+  }
+  for (const proto::InodeAttr& dir : r->dirs) dir_attrs_.offer(t, dir);
+  if (r->removed.valid()) dir_attrs_.invalidate(r->removed);
+  return Status::ok();
+}
+
 Status Client::rmdir(InodeId parent, const std::string& name) {
-  Status st = meta_call<meta::Rmdir>(meta::NameReq{parent, name, session()}).status();
-  dir_attrs_.invalidate_all();  // the parent and the removed directory
+  const DirAttrCache::Ticket t = dir_attrs_.ticket();  // before the call is sent
+  Status st = take_dirs(t, meta_call<meta::Rmdir>(meta::NameReq{parent, name, session()}));
   if (st.is_ok() && cb_ != nullptr) cb_->removed(parent, name);
   return st;
 }
 
 Status Client::rename(InodeId parent, const std::string& name, InodeId new_parent, const std::string& new_name,
                       uint32_t flags) {
-  Status st = meta_call<meta::Rename>(meta::RenameReq{parent, name, new_parent, new_name, flags, session()}).status();
-  dir_attrs_.invalidate_all();  // both parents, and a moved directory's ".."
+  const DirAttrCache::Ticket t = dir_attrs_.ticket();
+  Status st = take_dirs(t, meta_call<meta::Rename>(meta::RenameReq{parent, name, new_parent, new_name, flags, session()}));
   // The source name stays listed (a rename between two links of one inode keeps both); a longer
   // list only sends more lookups to the server.
   if (cb_ != nullptr) cb_->added(new_parent, new_name);

@@ -464,6 +464,9 @@ class Client {
   Result<proto::InodeAttr> merged(const DirAttrCache::Ticket& t, Result<proto::meta::AttrResp> r);
   template <class M, class Req>
   Result<proto::InodeAttr> attr_call(const Req& req);
+  // An rmdir's or rename's outcome: the directories its reply names go to dir_attrs_ (ticket of
+  // before the call), the one it removed is forgotten; a failure forgets every directory.
+  Status take_dirs(const DirAttrCache::Ticket& t, const Result<proto::meta::DirsResp>& r);
 
   const ClientOptions options_;
   const net::Endpoint meta_endpoint_;

@@ -5,7 +5,8 @@
 // the permission check of the next path walk through it (default_permissions) asks for them
 // again. With several processes creating in one directory that is a GETATTR per permission check,
 // each a meta RPC, while the answer is known: the meta server sends the parent's new attributes
-// with every create, mkdir, mknod, symlink, link and unlink.
+// with every create, mkdir, mknod, symlink, link and unlink, and every directory an rmdir or
+// rename changed (its reply also names a directory it removed, which is forgotten).
 //
 // Freshness: an entry remembers when the request that brought it was sent; get() serves it only
 // while that is less than `max_age` ago and says how much of max_age is left, which the caller
@@ -15,7 +16,7 @@
 // Own changes: the newest attributes win (by ctime, which the meta server sets from its clock on
 // every change under its namespace lock; a clock stepped back could let an older reply win for
 // up to max_age), so a reply that raced this mount's own create cannot replace the attributes
-// that include it. A change whose reply carries no new attributes (rmdir, rename, xattrs), or
+// that include it. A change whose reply carries no new attributes (xattrs, a layout), or
 // whose reply was lost, invalidates: afterwards only replies to requests sent after it are taken.
 //
 // Thread-safety: every method from any thread (one mutex).

@@ -17,7 +17,8 @@ inline constexpr uint32_t kFrameMagic = 0x4b534e50;  // "PNSK" little-endian
 // 2: Read carries verify_at_client, block_sums. 3: directory entry leases (Lookup, Rmdir and
 // Rename carry the session; AttrResp carries entry_lease_ns). 4: file-system ids (TargetReport,
 // RegisterNodeResp). 5: Read carries `sequential`. 6: Unlink answers the parent's attributes.
-inline constexpr uint8_t kFrameVersion = 6;
+// 7: Rmdir and Rename answer the directories they changed (DirsResp).
+inline constexpr uint8_t kFrameVersion = 7;
 inline constexpr size_t kFrameHeaderSize = 32;
 inline constexpr uint32_t kMaxMessageBytes = 16u << 20;  // encoded message
 inline constexpr uint32_t kMaxBulkBytes = 64u << 20;     // one chunk at most

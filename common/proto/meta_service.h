@@ -95,6 +95,12 @@ struct RenameReq {
   InodeId parent; std::string name; InodeId new_parent; std::string new_name; uint32_t flags = 0; SessionId session;
   PENSTOCK_FIELDS(parent, name, new_parent, new_name, flags, session);
 };
+// What an rmdir or rename did to directories (version 7): `dirs`, every directory whose
+// attributes it changed, as they are after it (the parents; a directory a rename moved or
+// exchanged: its ctime, its ".."), which the mount keeps for the kernel's next GETATTR of them;
+// `removed`, the directory it removed (an rmdir's, or an empty one a rename replaced; 0: none),
+// whose attributes the mount forgets. Empty for a rename between two links of one inode.
+struct DirsResp { std::vector<InodeAttr> dirs; InodeId removed; PENSTOCK_FIELDS(dirs, removed); };
 struct LinkReq { InodeId ino; InodeId new_parent; std::string new_name; SessionId session; PENSTOCK_FIELDS(ino, new_parent, new_name, session); };
 struct SymlinkReq {
   InodeId parent; std::string name; std::string target; Caller caller; SessionId session;
@@ -296,8 +302,8 @@ PENSTOCK_METHOD(Create, ServiceId::kMeta, 13, CreateReq, AttrResp);
 PENSTOCK_METHOD(Mknod, ServiceId::kMeta, 14, MknodReq, AttrResp);
 PENSTOCK_METHOD(Mkdir, ServiceId::kMeta, 15, MkdirReq, AttrResp);
 PENSTOCK_METHOD(Unlink, ServiceId::kMeta, 16, NameReq, UnlinkResp);
-PENSTOCK_METHOD(Rmdir, ServiceId::kMeta, 17, NameReq, Empty);
-PENSTOCK_METHOD(Rename, ServiceId::kMeta, 18, RenameReq, Empty);
+PENSTOCK_METHOD(Rmdir, ServiceId::kMeta, 17, NameReq, DirsResp);
+PENSTOCK_METHOD(Rename, ServiceId::kMeta, 18, RenameReq, DirsResp);
 PENSTOCK_METHOD(Link, ServiceId::kMeta, 19, LinkReq, AttrResp);
 PENSTOCK_METHOD(Symlink, ServiceId::kMeta, 20, SymlinkReq, AttrResp);
 PENSTOCK_METHOD(Readlink, ServiceId::kMeta, 21, InodeReq, ReadlinkResp);

@@ -111,8 +111,8 @@ void register_meta_handlers(rpc::RpcServer& server, MetaService& svc, Envelopes 
   handle_change<pm::Unlink>(server, *changes, [&svc](const pm::NameReq& r, RequestContext&) { return svc.unlink(r); });
   // rmdir and rename may sleep until other mounts' entry leases on their names ended (up to the
   // lease term plus grace): pm::kReplayWaits puts them on the waiting pool, so that they never hold the workers.
-  handle_change<pm::Rmdir>(server, *changes, [&svc](const pm::NameReq& r, RequestContext&) { return empty_or(svc.rmdir(r)); });
-  handle_change<pm::Rename>(server, *changes, [&svc](const pm::RenameReq& r, RequestContext&) { return empty_or(svc.rename(r)); });
+  handle_change<pm::Rmdir>(server, *changes, [&svc](const pm::NameReq& r, RequestContext&) { return svc.rmdir(r); });
+  handle_change<pm::Rename>(server, *changes, [&svc](const pm::RenameReq& r, RequestContext&) { return svc.rename(r); });
   handle_change<pm::Link>(server, *changes, [&svc](const pm::LinkReq& r, RequestContext&) { return svc.link(r); });
   handle_change<pm::Symlink>(server, *changes, [&svc](const pm::SymlinkReq& r, RequestContext&) { return svc.symlink(r); });
   server.handle<pm::Readlink>([&svc](const pm::InodeReq& r, RequestContext&) { return svc.readlink(r); },

@@ -1056,7 +1056,7 @@ Result<pm::UnlinkResp> MetaService::unlink_applied(const pm::NameReq& req) {
   return resp;
 }
 
-Status MetaService::rmdir_applied(const pm::NameReq& req, InodeId checked_victim) {
+Result<pm::DirsResp> MetaService::rmdir_applied(const pm::NameReq& req, InodeId checked_victim) {
   PENSTOCK_RETURN_IF_ERROR(validate_name(req.name));
   std::lock_guard lock(mu_);
   int64_t now = options_.now();
@@ -1075,7 +1075,9 @@ Status MetaService::rmdir_applied(const pm::NameReq& req, InodeId checked_victim
   parent->attr.nlink -= 1;
   set_mtime_ctime(parent, now);
   txn.dirty(parent);
-  return commit_change(txn, proto::Empty{}).with_context("rmdir " + quoted(req.name));
+  pm::DirsResp resp{{parent->attr}, d->ino};
+  PENSTOCK_RETURN_IF_ERROR(commit_change(txn, resp).with_context("rmdir " + quoted(req.name)));
+  return resp;
 }
 
 // Rename, as renameat2(2) on a local file system:
@@ -1090,7 +1092,8 @@ Status MetaService::rmdir_applied(const pm::NameReq& req, InodeId checked_victim
 //    a link and may become an orphan or be collected).
 //  - parents' nlink follow moved directories; both parents get new mtime/ctime, the moved inode a
 //    new ctime.
-Status MetaService::rename_applied(const pm::RenameReq& req, InodeId checked_victim) {
+// The reply names every directory it changed, as it is after the rename, and one it replaced.
+Result<pm::DirsResp> MetaService::rename_applied(const pm::RenameReq& req, InodeId checked_victim) {
   PENSTOCK_RETURN_IF_ERROR(validate_name(req.name));
   PENSTOCK_RETURN_IF_ERROR(validate_name(req.new_name));
   const uint32_t known = pm::kRenameNoReplace | pm::kRenameExchange;
@@ -1100,6 +1103,7 @@ Status MetaService::rename_applied(const pm::RenameReq& req, InodeId checked_vic
   }
   bool exchange = (req.flags & pm::kRenameExchange) != 0;
   bool queued = false;
+  pm::DirsResp resp;
   {
     std::lock_guard lock(mu_);
     int64_t now = options_.now();
@@ -1115,7 +1119,7 @@ Status MetaService::rename_applied(const pm::RenameReq& req, InodeId checked_vic
     if ((req.flags & pm::kRenameNoReplace) != 0 && dd.has_value()) {
       return Status(Code::kExists, quoted(req.new_name) + " already exists in directory " + req.new_parent.to_string());
     }
-    if (dd.has_value() && dd->ino == sd->ino) return Status::ok();  // same inode: POSIX says do nothing
+    if (dd.has_value() && dd->ino == sd->ino) return resp;  // same inode: POSIX says do nothing
 
     // Is `ancestor` equal to `dir` or one of its ancestors?
     auto in_subtree = [&](InodeId dir, InodeId ancestor) -> Result<bool> {
@@ -1157,6 +1161,7 @@ Status MetaService::rename_applied(const pm::RenameReq& req, InodeId checked_vic
       }
       dst->attr.ctime_ns = now;
       txn.dirty(dst);
+      if (dst_dir) resp.dirs.push_back(dst->attr);
     } else {
       if (src_dir) {
         PENSTOCK_ASSIGN_OR_RETURN(bool bad, in_subtree(req.new_parent, src->attr.ino));
@@ -1169,6 +1174,7 @@ Status MetaService::rename_applied(const pm::RenameReq& req, InodeId checked_vic
           if (!empty) return Status(Code::kNotEmpty, "directory " + quoted(req.new_name) + " is not empty");
           PENSTOCK_RETURN_IF_ERROR(finalize_inode(txn, *dst, now, &queued));
           np->attr.nlink -= 1;
+          resp.removed = dd->ino;
         }
         if (cross) {
           src->parent = req.new_parent;
@@ -1189,10 +1195,13 @@ Status MetaService::rename_applied(const pm::RenameReq& req, InodeId checked_vic
     set_mtime_ctime(np, now);
     txn.dirty(p);
     txn.dirty(np);
-    PENSTOCK_RETURN_IF_ERROR(commit_change(txn, proto::Empty{}).with_context("rename " + quoted(req.name) + " to " + quoted(req.new_name)));
+    if (src_dir) resp.dirs.push_back(src->attr);
+    resp.dirs.push_back(p->attr);
+    if (cross) resp.dirs.push_back(np->attr);
+    PENSTOCK_RETURN_IF_ERROR(commit_change(txn, resp).with_context("rename " + quoted(req.name) + " to " + quoted(req.new_name)));
   }
   notify_gc(queued);
-  return Status::ok();
+  return resp;
 }
 
 Result<pm::AttrResp> MetaService::link_applied(const pm::LinkReq& req) {
@@ -2083,7 +2092,7 @@ Result<pm::UnlinkResp> MetaService::unlink(const pm::NameReq& req) {
   if (!r.has_value()) return durable(std::move(r));
   return handed(std::move(r));
 }
-Status MetaService::rmdir(const pm::NameReq& req) {
+Result<pm::DirsResp> MetaService::rmdir(const pm::NameReq& req) {
   DirLeases::Change dir_change(dir_leases_, req.parent, req.session);
   PENSTOCK_RETURN_IF_ERROR(leased_elsewhere(dir_change.wait_ns(), req.parent));
   std::optional<DirLeases::Change> victim;
@@ -2092,7 +2101,7 @@ Status MetaService::rmdir(const pm::NameReq& req) {
   EntryLeases::Change change(leases_, {{req.parent, req.name}}, req.session);
   return durable(rmdir_applied(req, checked));
 }
-Status MetaService::rename(const pm::RenameReq& req) {
+Result<pm::DirsResp> MetaService::rename(const pm::RenameReq& req) {
   DirLeases::Change from_dir(dir_leases_, req.parent, req.session);
   PENSTOCK_RETURN_IF_ERROR(leased_elsewhere(from_dir.wait_ns(), req.parent));
   std::optional<DirLeases::Change> to_dir;
@@ -2105,12 +2114,12 @@ Status MetaService::rename(const pm::RenameReq& req) {
   PENSTOCK_RETURN_IF_ERROR(change_victim_dir(req.new_parent, req.new_name, req.session, &victim, &checked));
   const EntryLeases::Name from{req.parent, req.name}, to{req.new_parent, req.new_name};
   EntryLeases::Change change(leases_, {from, to}, req.session);
-  Status st = durable(rename_applied(req, checked));
-  if (st.is_ok()) {
+  Result<pm::DirsResp> r = durable(rename_applied(req, checked));
+  if (r.has_value()) {
     change.moved(from, to);
     if ((req.flags & pm::kRenameExchange) != 0) change.moved(to, from);
   }
-  return st;
+  return r;
 }
 Result<pm::AttrResp> MetaService::link(const pm::LinkReq& req) {
   DirLeases::Change change(dir_leases_, req.new_parent, req.session);

@@ -135,10 +135,11 @@ class MetaService {
   Result<pm::AttrResp> mkdir(const pm::MkdirReq& req);            // kExists
   Result<pm::UnlinkResp> unlink(const pm::NameReq& req);          // kNotFound, kIsDir
   // kNotFound, kNotDir, kNotEmpty. Rmdir and rename first wait until no session but req.session
-  // holds an entry lease on a name they change (at most the lease term).
-  Status rmdir(const pm::NameReq& req);
+  // holds an entry lease on a name they change (at most the lease term). Both answer the
+  // directories they changed (pm::DirsResp).
+  Result<pm::DirsResp> rmdir(const pm::NameReq& req);
   // renameat2 semantics, see namespace.cc for the full list of cases.
-  Status rename(const pm::RenameReq& req);
+  Result<pm::DirsResp> rename(const pm::RenameReq& req);
   // kNotPermitted for a directory, kExists, kNotFound when ino has no links left.
   Result<pm::AttrResp> link(const pm::LinkReq& req);
   // kNameTooLong when the target exceeds 4095 bytes, kNotFound when it is empty (as Linux).
@@ -294,8 +295,8 @@ class MetaService {
                                     const proto::Caller& caller, SessionId session, const std::string& symlink_target,
                                     InodeId ino, int64_t now);
   Result<pm::UnlinkResp> unlink_applied(const pm::NameReq& req);
-  Status rmdir_applied(const pm::NameReq& req, InodeId checked_victim);
-  Status rename_applied(const pm::RenameReq& req, InodeId checked_victim);
+  Result<pm::DirsResp> rmdir_applied(const pm::NameReq& req, InodeId checked_victim);
+  Result<pm::DirsResp> rename_applied(const pm::RenameReq& req, InodeId checked_victim);
   Result<pm::AttrResp> link_applied(const pm::LinkReq& req);
   Result<pm::AttrResp> set_attr_applied(const pm::SetAttrReq& req);
   Result<pm::AttrResp> report_size_applied(const pm::ReportSizeReq& req);

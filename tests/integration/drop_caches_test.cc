@@ -364,6 +364,60 @@ TEST_F(DropCachesTest, AnUnlinkCostsNoGetAttrOfItsDirectory) {
   ASSERT_EQ(::rmdir(dir.c_str()), 0) << errno_name(errno);
 }
 
+// Rmdir's and rename's replies carry the directories they changed, so the kernel's permission
+// checks after them (it dropped those directories' attributes) are answered by the mount, with
+// the link counts the server has.
+TEST_F(DropCachesTest, RenamesAndRmdirsCostNoGetAttrOfTheirDirectories) {
+  const std::string dir = cluster_.mount_path() + "/renamed-many";
+  const std::string other = cluster_.mount_path() + "/renamed-into";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0) << errno_name(errno);
+  ASSERT_EQ(::mkdir(other.c_str(), 0755), 0) << errno_name(errno);
+  constexpr int kNames = 60;
+  auto file = [&](int i, const char* suffix) { return dir + "/t" + std::to_string(i) + suffix; };
+  auto sub = [&](int i) { return dir + "/d" + std::to_string(i); };
+  for (int i = 0; i < kNames; ++i) {
+    ASSERT_TRUE(write_file(file(i, ".tmp"), "x")) << i;
+    ASSERT_EQ(::mkdir(sub(i).c_str(), 0755), 0) << errno_name(errno);
+  }
+  const std::map<std::string, int64_t> before = meta_method_calls(cluster_.meta_addr());
+  const auto t0 = std::chrono::steady_clock::now();
+  // A checkpoint's way: each shard written under a temporary name, then renamed into place.
+  for (int i = 0; i < kNames; ++i) {
+    ASSERT_EQ(::rename(file(i, ".tmp").c_str(), file(i, "").c_str()), 0) << errno_name(errno);
+  }
+  for (int i = 0; i < kNames; ++i) ASSERT_EQ(::rmdir(sub(i).c_str()), 0) << errno_name(errno);
+  const double took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::map<std::string, int64_t> after = meta_method_calls(cluster_.meta_addr());
+  EXPECT_EQ(calls_since(before, after, "Rename"), kNames);
+  EXPECT_EQ(calls_since(before, after, "Rmdir"), kNames);
+  // The mount root's attributes still expire after 1 s.
+  EXPECT_LE(calls_since(before, after, "GetAttr"), static_cast<int64_t>(took_s) + 2);
+
+  // What the mount answers from those replies is what the server has.
+  auto nlink = [](const std::string& path) {
+    struct stat st {};
+    EXPECT_EQ(::stat(path.c_str(), &st), 0) << path << ": " << errno_name(errno);
+    return st.st_nlink;
+  };
+  EXPECT_EQ(nlink(dir), 2u);
+  ASSERT_EQ(::mkdir((dir + "/m").c_str(), 0755), 0) << errno_name(errno);
+  ASSERT_EQ(::mkdir((other + "/empty").c_str(), 0755), 0) << errno_name(errno);
+  EXPECT_EQ(nlink(dir), 3u);
+  EXPECT_EQ(nlink(other), 3u);
+  ASSERT_EQ(::rename((dir + "/m").c_str(), (other + "/m").c_str()), 0) << errno_name(errno);
+  EXPECT_EQ(nlink(dir), 2u);
+  EXPECT_EQ(nlink(other), 4u);
+  // Over an empty directory: it is gone, and `other` counts one subdirectory fewer.
+  ASSERT_EQ(::rename((other + "/m").c_str(), (other + "/empty").c_str()), 0) << errno_name(errno);
+  EXPECT_EQ(nlink(other), 3u);
+  EXPECT_EQ(nlink(other + "/empty"), 2u);
+  ASSERT_EQ(::rmdir((other + "/empty").c_str()), 0) << errno_name(errno);
+  EXPECT_EQ(nlink(other), 2u);
+  for (int i = 0; i < kNames; ++i) ASSERT_EQ(::unlink(file(i, "").c_str()), 0) << errno_name(errno);
+  ASSERT_EQ(::rmdir(dir.c_str()), 0) << errno_name(errno);
+  ASSERT_EQ(::rmdir(other.c_str()), 0) << errno_name(errno);
+}
+
 TEST_F(DropCachesTest, XattrIsVirtual) {
   const std::string file = cluster_.mount_path() + "/f";
   ASSERT_TRUE(write_file(file, "x"));

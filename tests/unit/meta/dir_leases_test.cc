@@ -325,8 +325,8 @@ TEST_F(MetaDirLeaseTest, CreatesBehindAreAppliedAndOtherSessionsWaitUntilTheLeas
   EXPECT_EQ(svc_->symlink(pm::SymlinkReq{dir_, "x", "t", proto::Caller{0, 0}, b_}).status().code(), Code::kBusy);
   EXPECT_EQ(svc_->link(pm::LinkReq{r.inos[0], dir_, "x", b_}).status().code(), Code::kBusy);
   EXPECT_EQ(svc_->unlink(pm::NameReq{dir_, "f1", b_}).status().code(), Code::kBusy);
-  EXPECT_EQ(svc_->rename(pm::RenameReq{dir_, "f1", kRootInode, "x", 0, b_}).code(), Code::kBusy);
-  EXPECT_EQ(svc_->rename(pm::RenameReq{kRootInode, "d", dir_, "x", 0, b_}).code(), Code::kBusy)
+  EXPECT_EQ(svc_->rename(pm::RenameReq{dir_, "f1", kRootInode, "x", 0, b_}).status().code(), Code::kBusy);
+  EXPECT_EQ(svc_->rename(pm::RenameReq{kRootInode, "d", dir_, "x", 0, b_}).status().code(), Code::kBusy)
       << "into the leased directory";
   EXPECT_TRUE(svc_->get_attr(pm::InodeReq{r.inos[1]}).has_value()) << "inodes are not leased";
   // After the term and grace, B goes on and sees both files. A's next batch comes too late: it is
@@ -448,9 +448,9 @@ TEST_F(MetaDirLeaseTest, RemovingALeasedDirectoryWaitsLikeAChangeOfItsNames) {
   auto e = svc_->mkdir(pm::MkdirReq{kRootInode, "empty", 0755, proto::Caller{0, 0}});
   ASSERT_TRUE(e.has_value()) << e.error().to_string();
   ASSERT_EQ(svc_->dir_lease(pm::DirLeaseReq{a_, e->attr.ino, false, 0})->lease_ns, kTerm);
-  EXPECT_EQ(svc_->rmdir(pm::NameReq{kRootInode, "empty", b_}).code(), Code::kBusy);
+  EXPECT_EQ(svc_->rmdir(pm::NameReq{kRootInode, "empty", b_}).status().code(), Code::kBusy);
   ASSERT_TRUE(svc_->mkdir(pm::MkdirReq{kRootInode, "other", 0755, proto::Caller{0, 0}}).has_value());
-  EXPECT_EQ(svc_->rename(pm::RenameReq{kRootInode, "other", kRootInode, "empty", 0, b_}).code(), Code::kBusy)
+  EXPECT_EQ(svc_->rename(pm::RenameReq{kRootInode, "other", kRootInode, "empty", 0, b_}).status().code(), Code::kBusy)
       << "a rename that would replace it";
   now_ += kTerm + kGrace;
   EXPECT_TRUE(svc_->rmdir(pm::NameReq{kRootInode, "empty", b_}).is_ok());
@@ -481,14 +481,14 @@ TEST_F(MetaDirLeaseTest, ADirectoryRenamedOverTheOneAnRmdirCheckedIsNotRemoved) 
   on_clock_ = [&] {
     ASSERT_TRUE(svc_->rename(pm::RenameReq{kRootInode, "w", kRootInode, "v", 0, b_}).is_ok());
   };
-  Status st = svc_->rmdir(pm::NameReq{kRootInode, "v", b_});
+  Status st = svc_->rmdir(pm::NameReq{kRootInode, "v", b_}).status();
   ASSERT_FALSE(on_clock_) << "the rename ran";
   EXPECT_EQ(st.code(), Code::kBusy) << st.to_string();
   auto still = svc_->lookup(pm::LookupReq{kRootInode, "v", a_});
   ASSERT_TRUE(still.has_value()) << "A's leased directory was removed: " << still.error().to_string();
   EXPECT_EQ(still->attr.ino, w->attr.ino);
   // The client retries: now the check sees w, leased to A, and waits it out.
-  EXPECT_EQ(svc_->rmdir(pm::NameReq{kRootInode, "v", b_}).code(), Code::kBusy);
+  EXPECT_EQ(svc_->rmdir(pm::NameReq{kRootInode, "v", b_}).status().code(), Code::kBusy);
   now_ += kTerm + kGrace;
   EXPECT_TRUE(svc_->rmdir(pm::NameReq{kRootInode, "v", b_}).is_ok());
 }

@@ -216,9 +216,9 @@ TEST_F(MetaLeaseTest, RmdirAndRenameByAnotherSessionWaitTheLeaseOut) {
   EXPECT_EQ(time_.sleeps.size(), 2u) << "B's rename of the name A's kernel now trusts must wait";
   // A failed change waits too (it cannot know in advance), but leaves every lease in place.
   ASSERT_EQ(lease("e3", a_), kTerm);
-  EXPECT_EQ(svc_->rmdir(pm::NameReq{kRootInode, "e3x", b_}).code(), Code::kNotFound);
+  EXPECT_EQ(svc_->rmdir(pm::NameReq{kRootInode, "e3x", b_}).status().code(), Code::kNotFound);
   EXPECT_EQ(time_.sleeps.size(), 2u) << "no lease on that name";
-  EXPECT_EQ(svc_->rename(pm::RenameReq{kRootInode, "nope", kRootInode, "e3", 0, a_}).code(), Code::kNotFound);
+  EXPECT_EQ(svc_->rename(pm::RenameReq{kRootInode, "nope", kRootInode, "e3", 0, a_}).status().code(), Code::kNotFound);
   EXPECT_EQ(time_.sleeps.size(), 2u) << "A's own lease does not delay A";
   ASSERT_TRUE(svc_->rmdir(pm::NameReq{kRootInode, "e3", b_}).is_ok());
   EXPECT_EQ(time_.sleeps.size(), 3u) << "A's lease survived A's failed rename";

@@ -79,9 +79,9 @@ class NamespaceTest : public ::testing::Test {
     return svc_->lookup(pm::LookupReq{parent, name});
   }
   Status unlink(InodeId parent, const std::string& name) { return svc_->unlink(pm::NameReq{parent, name}).status(); }
-  Status rmdir(InodeId parent, const std::string& name) { return svc_->rmdir(pm::NameReq{parent, name}); }
+  Status rmdir(InodeId parent, const std::string& name) { return svc_->rmdir(pm::NameReq{parent, name}).status(); }
   Status rename(InodeId p, const std::string& n, InodeId np, const std::string& nn, uint32_t flags = 0) {
-    return svc_->rename(pm::RenameReq{p, n, np, nn, flags});
+    return svc_->rename(pm::RenameReq{p, n, np, nn, flags}).status();
   }
   std::vector<std::string> names(InodeId dir) {
     std::vector<std::string> out;
@@ -228,6 +228,76 @@ TYPED_TEST(NamespaceTest, UnlinkErrorsAndEffects) {
   EXPECT_EQ(this->attr(kRootInode).ctime_ns, this->now_);
   // The reply carries the parent as it is now (the mount answers the kernel's next GETATTR of it).
   EXPECT_EQ(proto::encode(r->parent), proto::encode(this->attr(kRootInode)));
+}
+
+// Rmdir and rename answer every directory they changed, as it is after the change, and the one
+// they removed: the mount answers the kernel's next GETATTR of those directories with them.
+TYPED_TEST(NamespaceTest, RmdirAndRenameAnswerTheDirectoriesTheyChanged) {
+  // The encoded attributes of `dirs`, in order, as the server has them now.
+  auto now_of = [&](std::initializer_list<InodeId> dirs) {
+    std::vector<std::string> out;
+    for (InodeId d : dirs) out.push_back(proto::encode(this->attr(d)));
+    return out;
+  };
+  auto encoded = [](const pm::DirsResp& r) {
+    std::vector<std::string> out;
+    for (const auto& a : r.dirs) out.push_back(proto::encode(a));
+    return out;
+  };
+  InodeId a = this->must_mkdir(kRootInode, "a");
+  InodeId b = this->must_mkdir(kRootInode, "b");
+  InodeId sub = this->must_mkdir(a, "sub");
+  InodeId gone = this->must_mkdir(a, "gone");
+  this->must_create(a, "f");
+
+  this->now_ += 10;
+  auto rm = this->svc_->rmdir(pm::NameReq{a, "gone"});
+  ASSERT_TRUE(rm.has_value()) << rm.error().to_string();
+  EXPECT_EQ(encoded(*rm), now_of({a}));
+  EXPECT_EQ(this->attr(a).nlink, 3u);  // ".", its name, and "sub"'s ".."
+  EXPECT_EQ(this->attr(a).mtime_ns, this->now_);
+  EXPECT_EQ(rm->removed, gone);
+
+  // A file within one directory: only that directory changes.
+  this->now_ += 10;
+  auto file = this->svc_->rename(pm::RenameReq{a, "f", a, "g"});
+  ASSERT_TRUE(file.has_value()) << file.error().to_string();
+  EXPECT_EQ(encoded(*file), now_of({a}));
+  EXPECT_FALSE(file->removed.valid());
+
+  // A directory to another parent: itself (ctime, ".."), both parents (nlink, mtime).
+  this->now_ += 10;
+  auto moved = this->svc_->rename(pm::RenameReq{a, "sub", b, "sub"});
+  ASSERT_TRUE(moved.has_value()) << moved.error().to_string();
+  EXPECT_EQ(encoded(*moved), now_of({sub, a, b}));
+  EXPECT_EQ(this->attr(a).nlink, 2u);
+  EXPECT_EQ(this->attr(b).nlink, 3u);
+  EXPECT_EQ(this->attr(sub).ctime_ns, this->now_);
+
+  // Over an empty directory: the replaced one is named as removed.
+  InodeId empty = this->must_mkdir(a, "empty");
+  this->now_ += 10;
+  auto over = this->svc_->rename(pm::RenameReq{b, "sub", a, "empty"});
+  ASSERT_TRUE(over.has_value()) << over.error().to_string();
+  EXPECT_EQ(encoded(*over), now_of({sub, b, a}));
+  EXPECT_EQ(over->removed, empty);
+  EXPECT_CODE(this->svc_->get_attr(pm::InodeReq{empty}), Code::kNotFound);
+
+  // An exchange of two directories in two parents: both, and both parents.
+  InodeId other = this->must_mkdir(b, "other");
+  this->now_ += 10;
+  auto swapped = this->svc_->rename(pm::RenameReq{a, "empty", b, "other", pm::kRenameExchange});
+  ASSERT_TRUE(swapped.has_value()) << swapped.error().to_string();
+  EXPECT_EQ(encoded(*swapped), now_of({other, sub, a, b}));
+  EXPECT_FALSE(swapped->removed.valid());
+
+  // Two links of one inode: nothing changes, nothing is named.
+  InodeId h = this->must_create(a, "h");
+  ASSERT_TRUE(this->svc_->link(pm::LinkReq{h, a, "h2"}).has_value());
+  auto same = this->svc_->rename(pm::RenameReq{a, "h", a, "h2"});
+  ASSERT_TRUE(same.has_value()) << same.error().to_string();
+  EXPECT_TRUE(same->dirs.empty());
+  EXPECT_FALSE(same->removed.valid());
 }
 
 TYPED_TEST(NamespaceTest, HardLinks) {

@@ -182,6 +182,11 @@ TEST(CodecTest, EveryMetaMessageRoundTrips) {
   round_trip(meta::MkdirReq{InodeId{1}, "d", 0755, Caller{5, 6}});
   round_trip(meta::NameReq{InodeId{1}, "x"});
   EXPECT_EQ(round_trip(meta::UnlinkResp{sample_attr(4)}).parent.mtime_ns, sample_attr(4).mtime_ns);
+  auto dirs = round_trip(meta::DirsResp{{sample_attr(4), sample_attr(5)}, InodeId{77}});
+  ASSERT_EQ(dirs.dirs.size(), 2u);
+  EXPECT_EQ(dirs.dirs[1].mtime_ns, sample_attr(5).mtime_ns);
+  EXPECT_EQ(dirs.removed, InodeId{77});
+  EXPECT_TRUE(round_trip(meta::DirsResp{}).dirs.empty());
   auto rn = round_trip(meta::RenameReq{InodeId{1}, "a", InodeId{2}, "b", meta::kRenameExchange});
   EXPECT_EQ(rn.flags, static_cast<uint32_t>(meta::kRenameExchange));
   round_trip(meta::LinkReq{InodeId{3}, InodeId{1}, "hard"});
