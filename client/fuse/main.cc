@@ -172,9 +172,7 @@ int main(int argc, char** argv) {
   app.allow_config_extras(CLI::config_extras_mode::error);
   app.add_option("--meta", s.meta, "penstock-meta address host:port")->capture_default_str();
   app.add_flag("-f,--foreground", s.foreground, "stay in the foreground, logging to stderr");
-  app.add_option("--threads", s.threads,
-                 "most FUSE worker threads (default: two per CPU, 4 to 16; more idle workers than the CPUs "
-                 "keep busy only turn requests into wake-ups)")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--threads", s.threads, "most FUSE worker threads")->check(CLI::Range(1, 1024))->capture_default_str();
   app.add_flag("--clone-fd", s.clone_fd, "give each FUSE worker thread its own /dev/fuse descriptor");
   app.add_flag("--direct-io", s.direct_io,
                "bypass the kernel page cache for file data (faster checkpoint writes and restores; "

@@ -17,17 +17,6 @@
 #include "common/base/log.h"
 
 namespace penstock::fuse {
-
-int default_fuse_threads() {
-  // The CPUs this process may run on (a container's cpuset), else the online ones.
-  long cpus = 0;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
-  if (cpus <= 0) cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
-  return static_cast<int>(std::clamp<long>(2 * std::max(cpus, 1L), 4, 16));
-}
-
 namespace {
 
 // Generic mount(8) options with nothing to do here: fstab's and systemd's, the access-time policy

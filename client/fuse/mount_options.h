@@ -17,19 +17,10 @@
 
 namespace penstock::fuse {
 
-// The default of MountSettings::threads: two per CPU this process may run on, at least 4 and at
-// most 16. Why not
-// always 16: the kernel hands each /dev/fuse request to the worker that has waited longest, so
-// every idle worker beyond what the CPUs keep busy turns a request that could wait a few
-// microseconds for a running worker into a wake-up of a sleeping one; on 2 CPUs 4 workers made
-// 1.35-1.78x the unlinks of 16 and 1.00-1.25x the creates, and read as fast or faster
-// (docs/performance.md, round 39).
-int default_fuse_threads();
-
 struct MountSettings {
   std::string meta = "127.0.0.1:7600";  // penstock-meta host:port
   std::string mountpoint;
-  int threads = default_fuse_threads();  // most FUSE worker threads (fuse_loop_config max_threads)
+  int threads = 16;            // most FUSE worker threads (fuse_loop_config max_threads)
   bool clone_fd = false;       // one /dev/fuse fd per worker thread
   // Every open bypasses the kernel page cache (FOPEN_DIRECT_IO): reads and writes go straight
   // between the application's buffer and Penstock's own cache and write-behind, one copy and no

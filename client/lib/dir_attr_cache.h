@@ -50,7 +50,8 @@ class DirAttrCache {
   void offer(const Ticket& t, const proto::InodeAttr& attr);
   // This mount changed `dir` in a way whose reply did not carry its new attributes.
   void invalidate(InodeId dir);
-  // As invalidate, for every directory (a rename, which changes a moved directory's parent too).
+  // As invalidate, for every directory: a change that failed without saying which directories it
+  // reached, if any (a lost reply; a failed rmdir or rename).
   void invalidate_all();
 
   struct Hit {

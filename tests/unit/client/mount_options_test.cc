@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -13,30 +12,6 @@
 
 namespace penstock::fuse {
 namespace {
-
-// Two workers per CPU the mount may run on, 4 to 16.
-TEST(MountOptions, DefaultWorkersAreTwoPerCpuFrom4To16) {
-  cpu_set_t all;
-  CPU_ZERO(&all);
-  ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
-  const int cpus = CPU_COUNT(&all);
-  EXPECT_EQ(default_fuse_threads(), std::clamp(2 * cpus, 4, 16));
-  EXPECT_EQ(MountSettings{}.threads, default_fuse_threads());
-  // Pinned to one CPU (a thread of its own, so that this one keeps its mask): the floor.
-  int pinned = 0;
-  std::thread([&] {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    for (int c = 0; c < CPU_SETSIZE; ++c) {
-      if (CPU_ISSET(c, &all)) {
-        CPU_SET(c, &one);
-        break;
-      }
-    }
-    if (::sched_setaffinity(0, sizeof one, &one) == 0) pinned = default_fuse_threads();
-  }).join();
-  EXPECT_EQ(pinned, 4);
-}
 
 TEST(MountOptions, PenstockOptions) {
   MountSettings s;

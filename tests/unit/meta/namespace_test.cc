@@ -291,6 +291,34 @@ TYPED_TEST(NamespaceTest, RmdirAndRenameAnswerTheDirectoriesTheyChanged) {
   EXPECT_EQ(encoded(*swapped), now_of({other, sub, a, b}));
   EXPECT_FALSE(swapped->removed.valid());
 
+  // A file over a file: only the directory.
+  this->must_create(a, "victim");
+  this->now_ += 10;
+  auto file_over = this->svc_->rename(pm::RenameReq{a, "g", a, "victim"});
+  ASSERT_TRUE(file_over.has_value()) << file_over.error().to_string();
+  EXPECT_EQ(encoded(*file_over), now_of({a}));
+  EXPECT_FALSE(file_over->removed.valid());
+
+  // A directory over an empty one in the same parent: itself and the parent, one link fewer.
+  InodeId e2 = this->must_mkdir(b, "e2");
+  const uint32_t b_links = this->attr(b).nlink;
+  this->now_ += 10;
+  auto same_parent = this->svc_->rename(pm::RenameReq{b, "other", b, "e2"});
+  ASSERT_TRUE(same_parent.has_value()) << same_parent.error().to_string();
+  EXPECT_EQ(encoded(*same_parent), now_of({sub, b}));  // b/other is `sub` since the exchange
+  EXPECT_EQ(same_parent->removed, e2);
+  EXPECT_EQ(this->attr(b).nlink, b_links - 1);
+
+  // A file exchanged with a directory of another parent: the directory and both parents, whose
+  // link counts follow the directory.
+  const uint32_t a_links = this->attr(a).nlink;
+  this->now_ += 10;
+  auto mixed = this->svc_->rename(pm::RenameReq{a, "victim", b, "e2", pm::kRenameExchange});
+  ASSERT_TRUE(mixed.has_value()) << mixed.error().to_string();
+  EXPECT_EQ(encoded(*mixed), now_of({sub, a, b}));
+  EXPECT_EQ(this->attr(a).nlink, a_links + 1);
+  EXPECT_EQ(this->attr(b).nlink, b_links - 2);
+
   // Two links of one inode: nothing changes, nothing is named.
   InodeId h = this->must_create(a, "h");
   ASSERT_TRUE(this->svc_->link(pm::LinkReq{h, a, "h2"}).has_value());
