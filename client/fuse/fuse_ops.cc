@@ -456,7 +456,9 @@ void op_unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
 // An rmdir or rename whose outcome is unknown (the reply was lost) may have been applied without
 // waiting for this mount's entry leases, and on such an error the kernel keeps its dentries: drop
 // them once the reply has reached the kernel (before it, the kernel holds the directory's lock and
-// waits for us; on a FUSE ring thread the reply goes out only after the op returns, so after_reply).
+// waits for us; on a FUSE ring thread the reply goes out only after the op returns), from the
+// notifier thread (the lock may be held by callers whose requests wait for a free thread):
+// after_reply.
 // `se` is read before the reply, which frees req.
 void forget_entries_if_unknown(fuse_session* se, const Status& st,
                                std::initializer_list<std::pair<fuse_ino_t, std::string>> names) {

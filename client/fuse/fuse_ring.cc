@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "client/fuse/mount_options.h"  // count_cpu_list
+#include "client/fuse/notifier.h"
 #include "common/base/log.h"
 
 namespace penstock::fuse {
@@ -196,58 +197,6 @@ bool queue_cmd(io_uring* ring, int fuse_fd, uint32_t cmd_op, uint64_t commit_id,
 
 }  // namespace
 
-// One thread that runs what ring threads hand over once their commit is in (after_reply): a ring
-// thread's entry is armed again by then, so it must not itself wait for the kernel.
-class Notifier {
- public:
-  void post(std::vector<std::function<void()>> fns) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!thread_.joinable() && !stopping_) {
-      try {
-        thread_ = std::thread([this] { run(); });
-      } catch (const std::system_error& e) {
-        lock.unlock();
-        PENSTOCK_LOG(Warn) << "FUSE ring: no notifier thread (" << e.what() << "); notifying from the ring thread";
-        for (auto& fn : fns) fn();
-        return;
-      }
-    }
-    for (auto& fn : fns) queue_.push_back(std::move(fn));
-    cv_.notify_one();
-  }
-
-  // Runs what is queued, then ends the thread.
-  void stop() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_one();
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  void run() {
-    pthread_setname_np(pthread_self(), "fuse-ring-note");
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, nothing left
-      std::function<void()> fn = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      fn();
-      lock.lock();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stopping_ = false;
-  std::thread thread_;
-};
-
 struct FuseRing::Impl {
   fuse_session* se = nullptr;
   int fuse_fd = -1;  // our own descriptor of the session's /dev/fuse: libfuse closes its one at unmount
@@ -258,7 +207,9 @@ struct FuseRing::Impl {
   int queues = 0;
   int per_queue = 0;
   std::atomic<bool> stopping{false};
-  Notifier notifier;
+  // What ring threads hand over once their commit is in (after_reply): a ring thread's entry is
+  // armed again by then, so it must not itself wait for the kernel.
+  Notifier notifier{"fuse-ring-note"};
   std::vector<std::thread> workers;
 
   // One thread, one io_uring, one entry of queue `qid`. Registers the entry, tells `registered`
@@ -479,13 +430,25 @@ uint8_t* ring_reply_buffer(size_t size) {
 
 bool on_ring_thread() { return tls_entry != nullptr; }
 
+namespace {
+// after_reply's thread for /dev/fuse request threads (stop_after_reply).
+Notifier& dev_notifier() {
+  static Notifier n("fuse-note");
+  return n;
+}
+}  // namespace
+
 void after_reply(std::function<void()> fn) {
   if (Entry* e = tls_entry; e != nullptr) {
     e->after_reply.push_back(std::move(fn));
   } else {
-    fn();
+    std::vector<std::function<void()>> fns;
+    fns.push_back(std::move(fn));
+    dev_notifier().post(std::move(fns));
   }
 }
+
+void stop_after_reply() { dev_notifier().stop(); }
 
 std::unique_ptr<FuseRing> FuseRing::prepare(const std::string& mode, int threads_per_queue, std::string* why_not) {
   if (mode == "off") {

@@ -77,10 +77,14 @@ uint8_t* ring_reply_buffer(size_t size);
 // within the op (a /dev/fuse request may be answered later, from any thread).
 bool on_ring_thread();
 
-// Runs `fn` once the reply of the request the calling thread serves has reached the kernel: at once
-// on a /dev/fuse thread (fuse_reply_* wrote it), after the commit on a ring thread (the reply is
-// only captured while the op runs). For notifications the kernel would otherwise wait on with the
-// caller's locks held.
+// Runs `fn` once the reply of the request the calling thread serves has reached the kernel, on a
+// notifier thread (notifier.h): after the commit on a ring thread (the reply is only captured
+// while the op runs), at once on a /dev/fuse thread (fuse_reply_* wrote it). For notifications the
+// kernel would otherwise wait on with the caller's locks held; run on the request thread, they
+// could wait for requests no free thread reads.
 void after_reply(std::function<void()> fn);
+// Runs what /dev/fuse threads handed to after_reply and ends its thread: once the loop has ended
+// and the session is unmounted (a notification then fails at once), before it is destroyed.
+void stop_after_reply();
 
 }  // namespace penstock::fuse

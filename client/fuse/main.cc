@@ -398,6 +398,7 @@ int main(int argc, char** argv) {
   }
   fuse_session_unmount(se);
   if (ring != nullptr) ring->stop();  // its threads use the session until they end
+  penstock::fuse::stop_after_reply();  // so does what request threads left to notify
   fuse_remove_signal_handlers(se);
   fuse_session_destroy(se);  // runs op_destroy, which closes the meta session
   client->shutdown();
