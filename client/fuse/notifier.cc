@@ -10,21 +10,17 @@ namespace penstock::fuse {
 
 void Notifier::post(std::vector<std::function<void()>> fns) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!thread_.joinable() || stopping_) {
-    bool inline_run = stopping_;
-    if (!inline_run) {
-      try {
-        thread_ = std::thread([this] { run(); });
-      } catch (const std::system_error& e) {
-        PENSTOCK_LOG(Warn) << "FUSE: no notifier thread (" << e.what() << "); notifying from the request thread";
-        inline_run = true;
-      }
+  if (!stopping_ && !thread_.joinable()) {
+    try {
+      thread_ = std::thread([this] { run(); });
+    } catch (const std::system_error& e) {
+      PENSTOCK_LOG(Warn) << "FUSE: no notifier thread (" << e.what() << "); notifying from the request thread";
     }
-    if (inline_run) {
-      lock.unlock();
-      for (auto& fn : fns) fn();
-      return;
-    }
+  }
+  if (stopping_ || !thread_.joinable()) {
+    lock.unlock();
+    for (auto& fn : fns) fn();
+    return;
   }
   for (auto& fn : fns) queue_.push_back(std::move(fn));
   cv_.notify_one();

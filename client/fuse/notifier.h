@@ -3,7 +3,7 @@
 // locks the kernel holds until other requests are answered. Run on a request thread, such a
 // notification can wait for requests that no free thread reads any more, and the mount hangs.
 // The thread starts at the first post(). No FUSE dependency.
-// Thread-safety: post() from any thread at once; stop() once, from the thread that owns it.
+// Thread-safety: post() and stop() from any thread at once, but not from the notifier's own thread.
 #pragma once
 
 #include <condition_variable>
