@@ -55,14 +55,14 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
     if (key == "meta") {
       PENSTOCK_RETURN_IF_ERROR(need_value());
       s->meta = std::string(value);
-    } else if (key == "threads") {
+    } else if (key == "threads" || key == "active_threads") {
       PENSTOCK_RETURN_IF_ERROR(need_value());
       int n = 0;
       auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
       if (ec != std::errc() || ptr != value.data() + value.size() || n < 1 || n > 1024) {
-        return bad("mount option threads=" + std::string(value) + " is not a number from 1 to 1024");
+        return bad("mount option " + std::string(key) + "=" + std::string(value) + " is not a number from 1 to 1024");
       }
-      s->threads = n;
+      (key == "threads" ? s->threads : s->active_threads) = n;
     } else if (key == "clone_fd") {
       PENSTOCK_RETURN_IF_ERROR(no_value());
       s->clone_fd = true;
@@ -133,7 +133,7 @@ Status apply_mount_options(std::string_view list, MountSettings* s) {
       for (std::string_view known : kIgnored) ignored = ignored || key == known;
       if (!ignored) {
         return bad("unknown mount option '" + std::string(opt) +
-                   "' (penstock options: meta=, threads=, clone_fd, direct_io, direct_writes, [no_]create_behind, [no_]splice_writes, log_level=, log_file=, ro, transport=, "
+                   "' (penstock options: meta=, threads=, active_threads=, clone_fd, direct_io, direct_writes, [no_]create_behind, [no_]splice_writes, log_level=, log_file=, ro, transport=, "
                    "cache_size=, readahead_max=, dirty_limit=, kernel_readahead=, sched=, fuse_uring=)");
       }
       if (key == "rw") s->read_only = false;

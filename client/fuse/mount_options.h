@@ -20,7 +20,10 @@ namespace penstock::fuse {
 struct MountSettings {
   std::string meta = "127.0.0.1:7600";  // penstock-meta host:port
   std::string mountpoint;
-  int threads = 16;            // most FUSE worker threads (fuse_loop_config max_threads)
+  int threads = 16;            // most FUSE worker threads
+  // FUSE worker threads taking requests at once (worker_pool.h); 0: four per CPU, at least 8
+  // and at most `threads`. A thread whose request waits long gives its place to another.
+  int active_threads = 0;
   bool clone_fd = false;       // one /dev/fuse fd per worker thread
   // Every open bypasses the kernel page cache (FOPEN_DIRECT_IO): reads and writes go straight
   // between the application's buffer and Penstock's own cache and write-behind, one copy and no
@@ -84,7 +87,7 @@ struct MountSettings {
 };
 
 // Applies a comma-separated option list to `s`. Penstock options: meta=HOST:PORT, threads=N,
-// clone_fd, direct_io, direct_writes, create_behind, no_create_behind, splice_writes, no_splice_writes, log_level=LEVEL, log_file=PATH, foreground, ro, transport=auto|rdma|tcp,
+// active_threads=N, clone_fd, direct_io, direct_writes, create_behind, no_create_behind, splice_writes, no_splice_writes, log_level=LEVEL, log_file=PATH, foreground, ro, transport=auto|rdma|tcp,
 // cache_size=SIZE, readahead_max=SIZE, dirty_limit=SIZE, kernel_readahead=SIZE (SIZE: bytes with
 // an optional K, M, G or T suffix, powers of 1024; kernel_readahead: whole KiB, at most 1G),
 // sched=batch|normal, fuse_uring=auto|on|off.

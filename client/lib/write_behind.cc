@@ -7,6 +7,8 @@
 #include <cstring>
 #include <string>
 
+#include "common/base/long_wait.h"
+
 namespace penstock::client {
 
 Status WriteSource::take(uint8_t* dst, size_t n) {
@@ -35,6 +37,11 @@ void DirtyBudget::acquire(uint64_t n) {
   std::unique_lock<std::mutex> lock(mu_);
   if (used_ + n > limit_ && in_flight_ > 0) {
     ++waits_;
+    // Waiting for sends to finish can take milliseconds: a FUSE worker lets another take requests
+    // meanwhile (outside this leaf lock, as the hook takes the pool's).
+    lock.unlock();
+    before_long_wait();
+    lock.lock();
     cv_.wait(lock, [&] { return used_ + n <= limit_ || in_flight_ == 0; });
   }
   used_ += n;

@@ -18,10 +18,11 @@ TEST(MountOptions, PenstockOptions) {
   EXPECT_FALSE(s.direct_io);
   EXPECT_FALSE(s.direct_writes);
   ASSERT_TRUE(apply_mount_options(
-                  "meta=10.0.0.1:7600,threads=32,clone_fd,direct_io,direct_writes,log_level=debug,log_file=/tmp/m.log", &s)
+                  "meta=10.0.0.1:7600,threads=32,active_threads=6,clone_fd,direct_io,direct_writes,log_level=debug,log_file=/tmp/m.log", &s)
                   .is_ok());
   EXPECT_EQ(s.meta, "10.0.0.1:7600");
   EXPECT_EQ(s.threads, 32);
+  EXPECT_EQ(s.active_threads, 6);
   EXPECT_TRUE(s.clone_fd);
   EXPECT_TRUE(s.direct_io);
   EXPECT_TRUE(s.direct_writes);
@@ -97,7 +98,7 @@ TEST(MountOptions, ReadOnlyAndRwLastWins) {
 }
 
 TEST(MountOptions, RejectsUnknownAndBadValues) {
-  for (const char* bad : {"bogus", "threads=0", "threads=x", "threads=2000", "threads=", "meta", "meta=",
+  for (const char* bad : {"bogus", "threads=0", "threads=x", "threads=2000", "threads=", "active_threads=0", "active_threads=", "meta", "meta=",
                           "clone_fd=1", "direct_io=yes", "direct_writes=yes", "create_behind=1", "no_create_behind=0", "log_level=loud", "ro=yes", "rw,colour=blue", "cache_size=",
                           "cache_size=lots", "dirty_limit=5X", "readahead_max=99999999999999999999G"}) {
     MountSettings s;
