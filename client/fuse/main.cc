@@ -178,7 +178,8 @@ int serve_requests(fuse_session* se, const penstock::fuse::MountSettings& s) {
                      << " places; places handed on by requests unanswered after "
                      << options.stall.count() / 1000 << " ms: " << st.stalls << ", by long waits: " << st.long_waits;
   if (rc < 0) {
-    PENSTOCK_LOG(Error) << "reading FUSE requests failed: " << std::strerror(-rc);
+    PENSTOCK_LOG(Error) << "the FUSE loop ended on an error: " << std::strerror(-rc)
+                        << (rc == -EAGAIN ? " (no worker thread could be started)" : " (reading /dev/fuse)");
   }
   return rc;
 }

@@ -22,6 +22,8 @@ void no_op_signal(int) {}
 // signal; a worker that takes the last waiting place arms it (grow()).
 constexpr auto kIdleTick = std::chrono::milliseconds(100);
 
+constexpr int64_t kHandedOn = -1;  // Worker::serving_since after the watch gave the place away
+
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
@@ -37,7 +39,10 @@ struct WorkerPool::Worker {
   bool ended = false;                      // guarded by pool->mu_
   std::atomic<bool> placeless{false};      // holds no place (gave it away, or parked); written under mu_
   std::atomic<bool> in_receive{false};     // waiting in receive(): join_all() signals it
-  std::atomic<int64_t> serving_since{0};   // steady ns when its request came, 0 between requests
+  // Steady ns when its request came, 0 between requests, kHandedOn once the watch gave its place
+  // away: the watch's compare-exchange and the worker's exchange to 0 after the request decide
+  // between them whether the place went, so a request that just ended keeps its place.
+  std::atomic<int64_t> serving_since{0};
 };
 
 WorkerPool::WorkerPool(RequestSource& source, WorkerPoolOptions options) : source_(source), options_([&] {
@@ -88,8 +93,8 @@ void WorkerPool::work(Worker* w) {
     w->serving_since.store(now_ns(), std::memory_order_relaxed);
     if (still_receiving == 0) grow();
     source_.serve(*ctx);
-    w->serving_since.store(0, std::memory_order_relaxed);
-    if (w->placeless.load(std::memory_order_acquire) && !take_place(w)) break;
+    const bool handed_on = w->serving_since.exchange(0, std::memory_order_acq_rel) == kHandedOn;
+    if ((handed_on || w->placeless.load(std::memory_order_acquire)) && !take_place(w)) break;
   }
   set_long_wait_hook(nullptr, nullptr);
   ctx.reset();
@@ -109,9 +114,14 @@ void WorkerPool::on_long_wait(void* arg) {
 
 bool WorkerPool::give_place(Worker* w) {
   if (stopping_.load(std::memory_order_relaxed) || w->placeless.load(std::memory_order_relaxed)) return false;
+  if (!can_fill()) return false;  // no thread to take it: the place stays with `w`
   w->placeless.store(true, std::memory_order_release);
   fill_place();  // the place moves on; places_ stays
   return true;
+}
+
+bool WorkerPool::can_fill() const {
+  return !parked_.empty() || (!start_failed_ && static_cast<int>(workers_.size()) < options_.max_threads);
 }
 
 void WorkerPool::fill_place() {
@@ -148,6 +158,7 @@ void WorkerPool::fill_place() {
 bool WorkerPool::take_place(Worker* w) {
   std::unique_lock<std::mutex> lock(mu_);
   if (stopping_.load(std::memory_order_relaxed)) return false;
+  if (!w->placeless.load(std::memory_order_relaxed)) return true;  // the watch's hand-off did not happen
   if (places_ < options_.active) {
     ++places_;
     w->placeless.store(false, std::memory_order_relaxed);
@@ -219,12 +230,17 @@ void WorkerPool::watch() {
     for (const auto& w : workers_) {
       if (w->placeless.load(std::memory_order_relaxed)) continue;
       const int64_t s = w->serving_since.load(std::memory_order_relaxed);
-      if (s != 0 && s < since) {
+      if (s > 0 && s < since) {
         since = s;
         oldest = w.get();
       }
     }
-    if (oldest != nullptr && now - since >= stall_ns && give_place(oldest)) ++stats_.stalls;
+    if (oldest == nullptr || now - since < stall_ns) continue;
+    if (!can_fill()) continue;
+    // Still the same request? Its worker may have just answered it and gone back to receive().
+    int64_t expected = since;
+    if (!oldest->serving_since.compare_exchange_strong(expected, kHandedOn, std::memory_order_acq_rel)) continue;
+    if (give_place(oldest)) ++stats_.stalls;
   }
 }
 

@@ -83,6 +83,8 @@ class WorkerPool {
   bool give_place(Worker* w);
   // Puts a counted place to use: wakes the thread parked last or starts one. mu_ held.
   void fill_place();
+  // Whether fill_place() has a thread to give a place to. mu_ held.
+  bool can_fill() const;
   // After a request: takes a free place back, or parks until given one. False: stop.
   bool take_place(Worker* w);
   // A worker took the last waiting place: fills another if one is free.

@@ -1,10 +1,12 @@
 // WorkerPool: a few places take requests at once; a request that waits long (before_long_wait(),
 // or unanswered past the stall time) hands its place on so that the requests behind it are
 // served; a thread back from a long wait parks while the places are taken; the pool never starts
-// more than max_threads; run() ends with the session and returns a receive error.
+// more than max_threads; run() ends with the session (waking parked threads, interrupting reads,
+// waiting for requests still served) and returns a receive error.
 #include "client/fuse/worker_pool.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -76,6 +78,7 @@ class FakeRequests final : public RequestSource {
   }
 
   int most_serving() const { return most_serving_.load(); }
+  int serving() const { return serving_.load(); }
   void reset_most_serving() { most_serving_.store(serving_.load()); }
 
  private:
@@ -105,6 +108,61 @@ class RunningPool {
   FakeRequests& requests_;
   WorkerPool pool_;
   std::future<int> result_;
+};
+
+// Lets waiting requests go once, at the latest when it goes out of scope: declared after the
+// pool, so that a failed assertion does not leave the pool's destructor waiting for them.
+class Release {
+ public:
+  ~Release() { now(); }
+  void now() {
+    if (!done_) promise_.set_value();
+    done_ = true;
+  }
+  std::shared_future<void> future() const { return future_; }
+
+ private:
+  std::promise<void> promise_;
+  std::shared_future<void> future_ = promise_.get_future().share();
+  bool done_ = false;
+};
+
+// Requests are bytes in a pipe, taken by a blocking read() that only a signal interrupts; ending
+// the session wakes no reader, as with /dev/fuse before the unmount.
+class PipeRequests final : public RequestSource {
+ public:
+  PipeRequests() { EXPECT_EQ(pipe(fds_), 0); }
+  ~PipeRequests() override {
+    close_writer();
+    close(fds_[0]);
+  }
+  struct Byte final : Context {
+    char c = 0;
+  };
+  std::unique_ptr<Context> new_context() override { return std::make_unique<Byte>(); }
+  int receive(Context& ctx) override {
+    const ssize_t n = read(fds_[0], &static_cast<Byte&>(ctx).c, 1);
+    if (n < 0) return -errno;
+    return n == 0 ? 0 : 1;  // 0: the writer closed
+  }
+  void serve(Context&) override { ++served_; }
+  bool ended() override { return ended_.load(); }
+  void end() override { ended_.store(true); }
+
+  void push() {
+    const char c = 'r';
+    EXPECT_EQ(write(fds_[1], &c, 1), 1);
+  }
+  void close_writer() {
+    if (fds_[1] >= 0) close(fds_[1]);
+    fds_[1] = -1;
+  }
+  int served() const { return served_.load(); }
+
+ private:
+  int fds_[2] = {-1, -1};
+  std::atomic<bool> ended_{false};
+  std::atomic<int> served_{0};
 };
 
 // Queues a request that signals `done` and waits until it is served (false after 10 s).
@@ -149,9 +207,9 @@ WorkerPoolOptions options(int active, int max_threads, std::chrono::microseconds
 
 TEST(WorkerPoolTest, ShortRequestsUseNoMoreThreadsThanPlaces) {
   FakeRequests requests;
+  std::atomic<int> count{0};
   // A stall time no request reaches, so that only the places decide.
   RunningPool running(requests, options(2, 8, std::chrono::microseconds(60s)));
-  std::atomic<int> count{0};
   std::vector<std::thread> producers;
   for (int p = 0; p < 4; ++p) {
     producers.emplace_back([&] {
@@ -170,41 +228,37 @@ TEST(WorkerPoolTest, ShortRequestsUseNoMoreThreadsThanPlaces) {
 TEST(WorkerPoolTest, ARequestAboutToWaitLongHandsItsPlaceOn) {
   FakeRequests requests;
   RunningPool running(requests, options(1, 4, std::chrono::microseconds(60s)));
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-  ASSERT_TRUE(start_waiting(requests, released, Wait::kTold));
+  Release release;
+  ASSERT_TRUE(start_waiting(requests, release.future(), Wait::kTold));
   // With its one place held by the waiting request, this one would never be served.
   EXPECT_TRUE(served(requests));
   const WorkerPoolStats st = running.pool().stats();
   EXPECT_EQ(st.long_waits, 1u);
   EXPECT_EQ(st.threads, 2u);
-  release.set_value();
 }
 
 TEST(WorkerPoolTest, ARequestUnansweredPastTheStallTimeHandsItsPlaceOn) {
   FakeRequests requests;
   RunningPool running(requests, options(1, 4, 5ms));
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-  ASSERT_TRUE(start_waiting(requests, released, Wait::kSilent));
+  Release release;
+  ASSERT_TRUE(start_waiting(requests, release.future(), Wait::kSilent));
   EXPECT_TRUE(served(requests));
   EXPECT_GE(running.pool().stats().stalls, 1u);
-  release.set_value();
 }
 
 TEST(WorkerPoolTest, AThreadBackFromALongWaitParksWhileThePlacesAreTaken) {
   FakeRequests requests;
+  std::atomic<int> count{0};
   RunningPool running(requests, options(1, 4, std::chrono::microseconds(60s)));
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-  ASSERT_TRUE(start_waiting(requests, released, Wait::kTold));
+  Release release;
+  ASSERT_TRUE(start_waiting(requests, release.future(), Wait::kTold));
   ASSERT_TRUE(served(requests));  // on the thread that took the place
-  release.set_value();
+  release.now();
   // The waiting request ends; its thread finds the one place taken and parks, so from now on one
   // request at a time is served, by two threads in all.
-  std::this_thread::sleep_for(50ms);
+  for (int i = 0; i < 10000 && requests.serving() > 0; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(requests.serving(), 0);
   requests.reset_most_serving();
-  std::atomic<int> count{0};
   for (int i = 0; i < 200; ++i) requests.push([&] { ++count; });
   ASSERT_TRUE(served(requests));
   for (int i = 0; i < 1000 && count.load() < 200; ++i) std::this_thread::sleep_for(1ms);
@@ -215,12 +269,11 @@ TEST(WorkerPoolTest, AThreadBackFromALongWaitParksWhileThePlacesAreTaken) {
 
 TEST(WorkerPoolTest, NeverStartsMoreThanMaxThreads) {
   FakeRequests requests;
-  RunningPool running(requests, options(1, 2, 2ms));
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
   std::atomic<int> blocked{0};
+  RunningPool running(requests, options(1, 2, 2ms));
+  Release release;
   for (int i = 0; i < 2; ++i) {
-    requests.push([&, released] {
+    requests.push([&blocked, released = release.future()] {
       ++blocked;
       released.wait();
     });
@@ -232,7 +285,7 @@ TEST(WorkerPoolTest, NeverStartsMoreThanMaxThreads) {
   std::future<void> third_done = third->get_future();
   requests.push([third] { third->set_value(); });
   EXPECT_EQ(third_done.wait_for(50ms), std::future_status::timeout);
-  release.set_value();
+  release.now();
   EXPECT_EQ(third_done.wait_for(10s), std::future_status::ready);
   EXPECT_EQ(running.pool().stats().threads, 2u);
 }
@@ -240,37 +293,54 @@ TEST(WorkerPoolTest, NeverStartsMoreThanMaxThreads) {
 TEST(WorkerPoolTest, RunEndsWithTheSessionAndReportsAReceiveError) {
   {
     FakeRequests requests;
-    WorkerPool pool(requests, options(2, 4, 2ms));
-    std::future<int> rc = std::async(std::launch::async, [&] { return pool.run(); });
+    RunningPool running(requests, options(2, 4, 2ms));
     ASSERT_TRUE(served(requests));
     requests.end();
-    ASSERT_EQ(rc.wait_for(10s), std::future_status::ready);
-    EXPECT_EQ(rc.get(), 0);
+    ASSERT_EQ(running.result().wait_for(10s), std::future_status::ready);
+    EXPECT_EQ(running.result().get(), 0);
   }
   {
     FakeRequests requests;
-    WorkerPool pool(requests, options(2, 4, 2ms));
-    std::future<int> rc = std::async(std::launch::async, [&] { return pool.run(); });
+    RunningPool running(requests, options(2, 4, 2ms));
     ASSERT_TRUE(served(requests));
     requests.fail();
-    ASSERT_EQ(rc.wait_for(10s), std::future_status::ready);
-    EXPECT_EQ(rc.get(), -EIO);
+    ASSERT_EQ(running.result().wait_for(10s), std::future_status::ready);
+    EXPECT_EQ(running.result().get(), -EIO);
   }
 }
 
-TEST(WorkerPoolTest, EndingWhileThreadsAreParkedOrWaitingLongJoinsThemAll) {
+TEST(WorkerPoolTest, EndingWakesParkedThreadsAndWaitsForOnesWaitingLong) {
   FakeRequests requests;
-  WorkerPool pool(requests, options(1, 4, std::chrono::microseconds(60s)));
-  std::future<int> rc = std::async(std::launch::async, [&] { return pool.run(); });
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-  ASSERT_TRUE(start_waiting(requests, released, Wait::kTold));
-  ASSERT_TRUE(served(requests));
+  RunningPool running(requests, options(1, 4, std::chrono::microseconds(60s)));
+  Release first;
+  Release second;
+  ASSERT_TRUE(start_waiting(requests, first.future(), Wait::kTold));
+  ASSERT_TRUE(start_waiting(requests, second.future(), Wait::kTold));
+  ASSERT_TRUE(served(requests));  // on a third thread, which keeps the one place
+  first.now();                    // the first thread comes back and parks
+  for (int i = 0; i < 10000 && requests.serving() > 1; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(requests.serving(), 1);
   requests.end();
   // run() waits for the request still being served, then returns.
-  EXPECT_EQ(rc.wait_for(50ms), std::future_status::timeout);
-  release.set_value();
-  ASSERT_EQ(rc.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(running.result().wait_for(50ms), std::future_status::timeout);
+  second.now();
+  ASSERT_EQ(running.result().wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(running.result().get(), 0);
+  EXPECT_EQ(running.pool().stats().threads, 3u);
+}
+
+TEST(WorkerPoolTest, EndingInterruptsThreadsWaitingInARead) {
+  PipeRequests requests;
+  WorkerPool pool(requests, options(2, 4, 2ms));
+  std::future<int> rc = std::async(std::launch::async, [&] { return pool.run(); });
+  for (int i = 0; i < 3; ++i) requests.push();
+  for (int i = 0; i < 10000 && requests.served() < 3; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(requests.served(), 3);
+  // No byte and no EOF comes: only the watch (which sees ended()) and its signals end the reads.
+  requests.end();
+  const bool ended = rc.wait_for(10s) == std::future_status::ready;
+  if (!ended) requests.close_writer();  // so that the test fails instead of hanging
+  EXPECT_TRUE(ended);
   EXPECT_EQ(rc.get(), 0);
 }
 
