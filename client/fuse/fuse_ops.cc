@@ -99,7 +99,8 @@ struct DirHandle {
   std::unordered_map<off_t, std::string> cursor;  // guarded by mu
 };
 
-Client& client_of(fuse_req_t req) { return *static_cast<MountState*>(fuse_req_userdata(req))->client; }
+MountState& state_of(fuse_req_t req) { return *static_cast<MountState*>(fuse_req_userdata(req)); }
+Client& client_of(fuse_req_t req) { return *state_of(req).client; }
 
 FileHandle* file_of(const fuse_file_info* fi) { return reinterpret_cast<FileHandle*>(fi->fh); }
 DirHandle* dir_of(const fuse_file_info* fi) { return reinterpret_cast<DirHandle*>(fi->fh); }
@@ -226,7 +227,9 @@ void reply_xattr_bytes(fuse_req_t req, const std::string& value, size_t size, co
 }
 
 // The mount's counters (user.penstock.stats, and the log line at unmount).
-std::vector<client::Counter> mount_counters(const Client& c) {
+std::vector<client::Counter> mount_counters(const MountState& state) {
+  const Client& c = *state.client;
+  const WorkerPoolStats workers = state.fuse_workers.load();
   const client::CacheStats cache = c.cache_stats();
   const client::OpenTicketStats tickets = c.open_ticket_stats();
   const client::CreateBehindStats cb = c.create_behind_stats();
@@ -245,7 +248,11 @@ std::vector<client::Counter> mount_counters(const Client& c) {
           {"creates_behind", cb.created},
           {"create_batches", cb.batches},
           {"creates_behind_refused", cb.failed},
-          {"dir_lease_turns", cb.turned}};
+          {"dir_lease_turns", cb.turned},
+          {"fuse_places", static_cast<uint64_t>(state.fuse_places.load(std::memory_order_relaxed))},
+          {"fuse_threads_started", workers.threads},
+          {"fuse_places_handed_on_unanswered", workers.stalls},
+          {"fuse_places_handed_on_long_wait", workers.long_waits}};
 }
 
 // libfuse reads a request into a pipe only when the pipe holds a whole one: max_write plus its
@@ -341,7 +348,7 @@ void op_destroy(void* userdata) {
   auto* state = static_cast<MountState*>(userdata);
   PENSTOCK_LOG(Info) << "FUSE session ends; closing the meta session";
   std::string counters;
-  for (const client::Counter& c : mount_counters(*state->client)) {
+  for (const client::Counter& c : mount_counters(*state)) {
     counters += (counters.empty() ? "" : ", ") + std::string(c.name) + " " + std::to_string(c.value);
   }
   PENSTOCK_LOG(Info) << "counters at unmount (user.penstock.stats): " << counters;
@@ -477,7 +484,7 @@ void forget_entries_if_unknown(fuse_session* se, const Status& st,
 void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
   const Status st = client_of(req).rmdir(InodeId(parent), name);
   const std::string kept = name;  // req (and with it name) is gone after the reply
-  fuse_session* se = static_cast<MountState*>(fuse_req_userdata(req))->session;
+  fuse_session* se = state_of(req).session;
   reply_status(req, st, "rmdir", parent);
   forget_entries_if_unknown(se, st, {{parent, kept}});
 }
@@ -499,7 +506,7 @@ void op_rename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t n
   }
   const Status st = client_of(req).rename(InodeId(parent), name, InodeId(newparent), newname, wire);
   const std::string kept_name = name, kept_newname = newname;  // gone with req after the reply
-  fuse_session* se = static_cast<MountState*>(fuse_req_userdata(req))->session;
+  fuse_session* se = state_of(req).session;
   reply_status(req, st, "rename", parent);
   forget_entries_if_unknown(se, st, {{parent, kept_name}, {newparent, kept_newname}});
 }
@@ -520,7 +527,7 @@ void reply_open_handle(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<FileH
   // kernel keeps them right itself (direct_writes_supported, mount_options.h). Doing that from here
   // instead (notify_inval_inode inside WRITE) would wait on page locks held for READs this daemon
   // has yet to answer, and would come after a dirty page's writeback could land.
-  const MountState* mount = static_cast<MountState*>(fuse_req_userdata(req));
+  const MountState* mount = &state_of(req);
   fi->direct_io = (mount->direct_io || (mount->direct_writes && (fi->flags & O_ACCMODE) == O_WRONLY)) ? 1 : 0;
   raw->writable = !kNoFlushForReadOnly || (fi->flags & O_ACCMODE) != O_RDONLY;
   fi->noflush = raw->writable ? 0 : 1;
@@ -631,7 +638,7 @@ void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_i
   // answered by whoever completes the block, usually the I/O thread the data arrived on: this
   // thread goes back to the kernel at once instead of sleeping only to be woken to pass the bytes
   // on. Not on a ring thread, whose reply must go out before its op returns.
-  auto* state = static_cast<MountState*>(fuse_req_userdata(req));
+  auto* state = &state_of(req);
   const bool may_defer = !on_ring_thread() && state->late_replies.owe();
   client::ReadLater later;  // empty (no allocation) unless this read may be deferred
   if (may_defer) {
@@ -881,7 +888,7 @@ void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) 
     return reply_status(req, Status(Code::kNoData, "drop_caches is an action, not a value"), "getxattr", ino);
   }
   if (name == client::kStatsXattr) {
-    const std::vector<client::Counter> counters = mount_counters(c);
+    const std::vector<client::Counter> counters = mount_counters(state_of(req));
     if (size == 0) return (void)fuse_reply_xattr(req, client::max_counters_size(counters));
     return reply_xattr_bytes(req, client::format_counters(counters), size, "getxattr stats", ino);
   }

@@ -6,10 +6,13 @@
 // fuse_reply_* call.
 #pragma once
 
+#include <atomic>
+
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
 #include "client/fuse/late_replies.h"
+#include "client/fuse/worker_pool.h"
 #include "client/lib/client.h"
 
 namespace penstock::fuse {
@@ -27,6 +30,10 @@ struct MountState {
   bool splice_writes = false;
   fuse_session* session = nullptr;  // for invalidation notices; set once the session exists
   LateReplies late_replies;
+  // The FUSE loop's counters (user.penstock.stats): its places, and what its WorkerPool counts.
+  // Both stay 0 under --clone-fd, whose loop is libfuse's.
+  std::atomic<int> fuse_places{0};  // set as the loop starts (ring threads may read it then)
+  WorkerPoolCounters fuse_workers;
 };
 
 // The operation table (static storage).

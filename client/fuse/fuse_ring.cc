@@ -27,6 +27,7 @@
 
 #include "client/fuse/mount_options.h"  // count_cpu_list
 #include "client/fuse/notifier.h"
+#include "client/fuse/wake_signal.h"
 #include "common/base/log.h"
 
 namespace penstock::fuse {
@@ -171,9 +172,6 @@ int possible_cpus() {
   std::getline(in, text);
   return count_cpu_list(text);
 }
-
-void no_op_signal(int) {}
-constexpr int kWakeSignal = SIGUSR2;  // stop() wakes a thread waiting in io_uring_enter with it
 
 // Queues one FUSE ring command (REGISTER with `bufs`, or COMMIT_AND_FETCH) on `ring`; false when
 // the submission queue is full, which cannot happen with one command in flight per ring.
@@ -512,10 +510,7 @@ bool FuseRing::attach(fuse_session* se, std::string* why_not) {
     *why_not = "libfuse refused the custom io (" + std::to_string(rc) + ")";
     return false;
   }
-  struct sigaction sa {};
-  sa.sa_handler = no_op_signal;  // no SA_RESTART: io_uring_enter returns EINTR
-  sigemptyset(&sa.sa_mask);
-  sigaction(kWakeSignal, &sa, nullptr);
+  install_wake_signal();  // stop() wakes a thread waiting in io_uring_enter with it
   impl_->se = se;
   impl_->fuse_fd = own;
   g_shared.want_ring.store(true);

@@ -108,26 +108,6 @@ void finish_daemonizing(int ready_fd, const std::string& log_file) {
   close(ready_fd);
 }
 
-// Answers the first request of a new mount, INIT, on this thread: the kernel sets the mount's bdi
-// read-ahead when it gets the reply, so only after that can set_kernel_readahead() raise it. Returns
-// false when no request could be read (the session loop then meets the same error).
-bool serve_init(fuse_session* se) {
-  fuse_buf buf{};
-  int n;
-  do {
-    n = fuse_session_receive_buf(se, &buf);
-  } while (n == -EINTR);
-  if (n <= 0) {
-    std::free(buf.mem);
-    PENSTOCK_LOG(Warn) << "reading the FUSE INIT request failed: " << std::strerror(n < 0 ? -n : EIO)
-                       << "; kernel read-ahead stays at the kernel default";
-    return false;
-  }
-  fuse_session_process_buf(se, &buf);
-  std::free(buf.mem);
-  return true;
-}
-
 // The FUSE requests that come through /dev/fuse, for the worker pool.
 class DevFuseRequests final : public penstock::fuse::RequestSource {
  public:
@@ -147,6 +127,24 @@ class DevFuseRequests final : public penstock::fuse::RequestSource {
   fuse_session* const se_;
 };
 
+// Answers the first request of a new mount, INIT, on this thread: the kernel sets the mount's bdi
+// read-ahead when it gets the reply, so only after that can set_kernel_readahead() raise it. Returns
+// false when no request could be read (the session loop then meets the same error).
+bool serve_init(DevFuseRequests& requests) {
+  const std::unique_ptr<penstock::fuse::RequestSource::Context> ctx = requests.new_context();
+  int n;
+  do {
+    n = requests.receive(*ctx);
+  } while (n == -EINTR);
+  if (n <= 0) {
+    PENSTOCK_LOG(Warn) << "reading the FUSE INIT request failed: " << std::strerror(n < 0 ? -n : EIO)
+                       << "; kernel read-ahead stays at the kernel default";
+    return false;
+  }
+  requests.serve(*ctx);
+  return true;
+}
+
 // How many worker threads take requests at once: --active-threads, or four per CPU (at least 8),
 // never more than --threads. Why 8 on 2 CPUs and not 4 (round 40): 4 served metadata as fast, but
 // let four checkpoint writers take every place from the training reads beside them.
@@ -157,7 +155,8 @@ int active_threads(const penstock::fuse::MountSettings& s) {
 
 // Serves the requests that come through /dev/fuse until the session ends: 0, or a negative errno.
 // --clone-fd needs libfuse's own loop (the cloned descriptors are libfuse's).
-int serve_requests(fuse_session* se, const penstock::fuse::MountSettings& s) {
+int serve_requests(fuse_session* se, DevFuseRequests& requests, const penstock::fuse::MountSettings& s,
+                   penstock::fuse::MountState& state) {
   if (s.clone_fd) {
     fuse_loop_config* cfg = fuse_loop_cfg_create();
     fuse_loop_cfg_set_max_threads(cfg, static_cast<unsigned>(s.threads));
@@ -166,11 +165,12 @@ int serve_requests(fuse_session* se, const penstock::fuse::MountSettings& s) {
     fuse_loop_cfg_destroy(cfg);
     return rc > 0 ? 0 : rc;  // > 0: ended on a signal, a clean stop
   }
-  DevFuseRequests requests(se);
   penstock::fuse::WorkerPoolOptions options;
   options.active = active_threads(s);
   options.max_threads = s.threads;
   options.thread_name = "penstock-fuse";
+  options.counters = &state.fuse_workers;
+  state.fuse_places.store(options.active, std::memory_order_relaxed);
   penstock::fuse::WorkerPool pool(requests, options);
   const int rc = pool.run();
   const penstock::fuse::WorkerPoolStats st = pool.stats();
@@ -428,7 +428,8 @@ int main(int argc, char** argv) {
         " (see the message above; is /dev/fuse available and the directory not already a mount?)");
   }
   if (ring != nullptr && !ring->attach(se, &no_ring)) ring.reset();
-  const bool init_served = (s.kernel_readahead != 0 || ring != nullptr) && serve_init(se);
+  DevFuseRequests requests(se);
+  const bool init_served = (s.kernel_readahead != 0 || ring != nullptr) && serve_init(requests);
   if (init_served && s.kernel_readahead != 0) set_kernel_readahead(mountpoint, s.kernel_readahead);
   if (ring != nullptr && !ring->start(&no_ring)) ring.reset();
   if (ring != nullptr) {
@@ -447,7 +448,7 @@ int main(int argc, char** argv) {
   if (ready_fd >= 0) finish_daemonizing(ready_fd, s.log_file);
   pthread_sigmask(SIG_UNBLOCK, &term, nullptr);
 
-  const int rc = serve_requests(se, s);
+  const int rc = serve_requests(se, requests, s, state);
 
   PENSTOCK_LOG(Info) << "unmounting " << mountpoint;
   // Reads answered by the thread their data arrives on write to the session's descriptor, which

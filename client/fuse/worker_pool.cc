@@ -8,15 +8,11 @@
 #include <system_error>
 
 #include "common/base/log.h"
+#include "client/fuse/wake_signal.h"
 #include "common/base/long_wait.h"
 
 namespace penstock::fuse {
 namespace {
-
-// Wakes a worker waiting in receive() when the pool stops; the ring (fuse_ring.cc) uses the same
-// signal with the same no-op handler.
-constexpr int kWakeSignal = SIGUSR2;
-void no_op_signal(int) {}
 
 // While some place waits for requests the watch ticks slowly, enough to notice a termination
 // signal; a worker that takes the last waiting place arms it (grow()).
@@ -49,20 +45,15 @@ WorkerPool::WorkerPool(RequestSource& source, WorkerPoolOptions options) : sourc
   options.max_threads = std::max(1, options.max_threads);
   options.active = std::clamp(options.active, 1, options.max_threads);
   return options;
-}()) {}
+}()),
+  counters_(options_.counters != nullptr ? options_.counters : &own_counters_) {}
 
 WorkerPool::~WorkerPool() = default;  // run() joins every thread it started
 
-WorkerPoolStats WorkerPool::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
-}
+WorkerPoolStats WorkerPool::stats() const { return counters_->load(); }
 
 int WorkerPool::run() {
-  struct sigaction sa {};
-  sa.sa_handler = no_op_signal;  // no SA_RESTART: a read() waiting on /dev/fuse returns EINTR
-  sigemptyset(&sa.sa_mask);
-  sigaction(kWakeSignal, &sa, nullptr);
+  install_wake_signal();  // join_all() wakes a worker waiting in receive() with it
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++places_;
@@ -109,7 +100,7 @@ void WorkerPool::on_long_wait(void* arg) {
   auto* w = static_cast<Worker*>(arg);
   WorkerPool* pool = w->pool;
   std::lock_guard<std::mutex> lock(pool->mu_);
-  if (pool->give_place(w)) ++pool->stats_.long_waits;
+  if (pool->give_place(w)) pool->counters_->long_waits.fetch_add(1, std::memory_order_relaxed);
 }
 
 bool WorkerPool::give_place(Worker* w) {
@@ -147,7 +138,7 @@ void WorkerPool::fill_place() {
       return;
     }
     ++live_;
-    ++stats_.threads;
+    counters_->threads.fetch_add(1, std::memory_order_relaxed);
     workers_.push_back(std::move(w));
     return;
   }
@@ -240,7 +231,7 @@ void WorkerPool::watch() {
     // Still the same request? Its worker may have just answered it and gone back to receive().
     int64_t expected = since;
     if (!oldest->serving_since.compare_exchange_strong(expected, kHandedOn, std::memory_order_acq_rel)) continue;
-    if (give_place(oldest)) ++stats_.stalls;
+    if (give_place(oldest)) counters_->stalls.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

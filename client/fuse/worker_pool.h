@@ -47,17 +47,32 @@ class RequestSource {
   virtual void end() = 0;
 };
 
-struct WorkerPoolOptions {
-  int active = 4;                             // threads taking requests at once
-  int max_threads = 16;                       // threads in all
-  std::chrono::microseconds stall{2000};      // a request unanswered this long gives its place away
-  std::string thread_name = "penstock-fuse";  // of every worker thread
-};
-
 struct WorkerPoolStats {
   uint64_t threads = 0;     // started
   uint64_t stalls = 0;      // places the watch gave away
   uint64_t long_waits = 0;  // places given away by before_long_wait()
+};
+
+// What a pool counts as it runs, readable from any thread meanwhile (the mount's
+// user.penstock.stats reads them while the pool serves).
+struct WorkerPoolCounters {
+  std::atomic<uint64_t> threads{0};
+  std::atomic<uint64_t> stalls{0};
+  std::atomic<uint64_t> long_waits{0};
+
+  WorkerPoolStats load() const {
+    return {threads.load(std::memory_order_relaxed), stalls.load(std::memory_order_relaxed),
+            long_waits.load(std::memory_order_relaxed)};
+  }
+};
+
+struct WorkerPoolOptions {
+  int active = 8;                             // threads taking requests at once (the mount: active_threads())
+  int max_threads = 16;                       // threads in all
+  std::chrono::microseconds stall{2000};      // a request unanswered this long gives its place away
+  std::string thread_name = "penstock-fuse";  // of every worker thread
+  // Where the pool counts; must outlive it. nullptr: counters of its own (stats()).
+  WorkerPoolCounters* counters = nullptr;
 };
 
 class WorkerPool {
@@ -107,7 +122,8 @@ class WorkerPool {
   int live_ = 0;                                 // guarded by mu_: threads not yet ended
   int error_ = 0;                                // guarded by mu_
   bool start_failed_ = false;                    // guarded by mu_: logged once
-  WorkerPoolStats stats_;                        // guarded by mu_
+  WorkerPoolCounters own_counters_;
+  WorkerPoolCounters* const counters_;  // options_.counters, or &own_counters_
 };
 
 }  // namespace penstock::fuse

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -641,6 +642,145 @@ TEST_F(MountTest, OpensByPathTakeTheOpenTicketOfTheirLookup) {
   bool logged = false;
   while (std::getline(log, line)) logged = logged || line.find("counters at unmount (user.penstock.stats): ") != std::string::npos;
   EXPECT_TRUE(logged) << "no counters in the mount's log at unmount";
+}
+
+// A cluster whose mount has two places (--active-threads 2) for up to 8 threads, on /dev/fuse
+// whatever enable_uring is (the ring tests may have switched it on), so its WorkerPool serves
+// every request.
+ClusterOptions two_places() {
+  ClusterOptions options;
+  options.mount_args = "--active-threads 2 --threads 8 --fuse-uring off";
+  return options;
+}
+
+// Data servers that stop answering hold only the requests that wait for them: three cold reads
+// on stopped data servers, a mount with two places (--active-threads 2), and a mkdir, a stat and a
+// listing beside the reads are answered while they wait (a read either gives its place on, the
+// FUSE loop's watch, or is answered by the thread its block arrives on); the reads return their
+// bytes once the servers go on.
+TEST_F(MountTest, ReadsWaitingOnStoppedDataServersLeaveTheMountServing) {
+  Cluster cluster(two_places());
+  ASSERT_TRUE(cluster.up());
+  const std::string root = cluster.mount_path();
+  constexpr int kReaders = 3;
+  constexpr size_t kFileSize = 4u << 20;  // past one cache block: its open fetches nothing ahead
+  constexpr size_t kReadSize = 64u << 10;
+  std::vector<std::string> data;
+  std::vector<UniqueFd> fds;
+  for (int i = 0; i < kReaders; ++i) {
+    data.push_back(pattern(kFileSize, 0, 60 + i));
+    const std::string path = root + "/cold" + std::to_string(i);
+    ASSERT_TRUE(write_file(path, data.back()));
+    // O_DIRECT: each pread is one READ of its bytes, never answered from the kernel's pages
+    // (which a POSIX_FADV_DONTNEED does not always drop on a busy machine).
+    fds.emplace_back(open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
+    ASSERT_GE(fds.back().get(), 0) << path << ": " << errno_name(errno);
+  }
+  // Nor from the mount's cache.
+  ASSERT_EQ(::setxattr(root.c_str(), "user.penstock.drop_caches", "1", 1, 0), 0) << errno_name(errno);
+  std::vector<pid_t> data_servers;
+  for (int k = 1; k <= 3; ++k) {
+    const pid_t pid = cluster.pid_of("data" + std::to_string(k));
+    ASSERT_GT(pid, 0) << "no pid recorded for data" << k;
+    data_servers.push_back(pid);
+  }
+  for (pid_t pid : data_servers) ASSERT_EQ(kill(pid, SIGSTOP), 0) << errno_name(errno);
+  std::vector<std::string> got(kReaders, std::string(kReadSize, '\0'));
+  std::vector<ssize_t> read_n(kReaders, -1);
+  std::vector<int> read_errno(kReaders, 0);
+  std::vector<std::thread> readers;
+  for (int i = 0; i < kReaders; ++i) {
+    readers.emplace_back([&, i] {
+      read_n[i] = pread(fds[i].get(), got[i].data(), kReadSize, 0);
+      read_errno[i] = errno;
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // every read waits on a stopped server
+  std::promise<std::string> beside_done;
+  std::future<std::string> beside = beside_done.get_future();
+  std::thread meta_ops([&] {
+    auto failed = [](const std::string& what) { return what + ": " + errno_name(errno); };
+    const std::string dir = root + "/made-while-reads-wait";
+    struct stat st {};
+    if (mkdir(dir.c_str(), 0755) != 0) return beside_done.set_value(failed("mkdir"));
+    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return beside_done.set_value(failed("stat"));
+    DIR* d = opendir(root.c_str());
+    if (d == nullptr) return beside_done.set_value(failed("opendir"));
+    int names = 0;
+    while (dirent* e = readdir(d)) names += e->d_name[0] != '.';
+    closedir(d);
+    beside_done.set_value(names == kReaders + 1 ? "" : "the listing gave " + std::to_string(names) + " names");
+  });
+  const bool answered = beside.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  for (pid_t pid : data_servers) kill(pid, SIGCONT);
+  meta_ops.join();
+  for (std::thread& t : readers) t.join();
+  EXPECT_TRUE(answered) << "a mkdir, a stat and a listing waited behind reads on stopped data servers";
+  if (answered) {
+    EXPECT_EQ(beside.get(), "");
+  }
+  for (int i = 0; i < kReaders; ++i) {
+    EXPECT_EQ(read_n[i], static_cast<ssize_t>(kReadSize)) << "read " << i << ": " << errno_name(read_errno[i]);
+    EXPECT_TRUE(same_bytes(data[i].substr(0, kReadSize), got[i])) << "read " << i;
+  }
+  fds.clear();  // an open file keeps the mount busy
+  ASSERT_TRUE(cluster.down());
+}
+
+// Lookups waiting on a stopped penstock-meta hold FUSE worker threads (they wait in the op), and
+// give their places on: with two places (--active-threads 2), three of them, and a read of an
+// open file and the mount's counters beside them are answered while they wait.
+// user.penstock.stats counts the places, the threads started and the hand-offs.
+TEST_F(MountTest, LookupsWaitingOnAStoppedMetaServerGiveTheirPlacesOn) {
+  Cluster cluster(two_places());
+  ASSERT_TRUE(cluster.up());
+  const std::string root = cluster.mount_path();
+  const std::string data = pattern(256u << 10, 0, 70);
+  ASSERT_TRUE(write_file(root + "/open", data));
+  // Lookups in a directory this mount creates nothing in: no directory lease answers them here.
+  ASSERT_EQ(mkdir((root + "/asked").c_str(), 0755), 0) << errno_name(errno);
+  UniqueFd fd(open((root + "/open").c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));  // a READ per pread
+  ASSERT_GE(fd.get(), 0) << errno_name(errno);
+  const pid_t meta = cluster.pid_of("meta");
+  ASSERT_GT(meta, 0) << "no meta pid recorded";
+  ASSERT_EQ(kill(meta, SIGSTOP), 0) << errno_name(errno);
+  constexpr int kLookups = 3;
+  std::vector<int> looked(kLookups, 0);
+  std::vector<std::thread> lookups;
+  for (int i = 0; i < kLookups; ++i) {
+    lookups.emplace_back([&, i] {
+      struct stat st {};
+      looked[i] = stat((root + "/asked/never-made-" + std::to_string(i)).c_str(), &st) == 0 ? 0 : errno;
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // every lookup waits on penstock-meta
+  std::promise<std::string> beside_done;
+  std::future<std::string> beside = beside_done.get_future();
+  std::map<std::string, uint64_t> counters;
+  std::thread beside_ops([&] {
+    std::string back(data.size(), '\0');
+    const ssize_t n = pread(fd.get(), back.data(), back.size(), 0);
+    if (n != static_cast<ssize_t>(data.size()) || back != data) {
+      return beside_done.set_value("the read gave " + std::to_string(n) + " bytes: " + errno_name(errno));
+    }
+    counters = mount_counters(root);
+    beside_done.set_value("");
+  });
+  const bool answered = beside.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  kill(meta, SIGCONT);
+  beside_ops.join();
+  for (std::thread& t : lookups) t.join();
+  EXPECT_TRUE(answered) << "a read and a getxattr waited behind lookups on a stopped penstock-meta";
+  EXPECT_EQ(beside.get(), "");
+  for (int i = 0; i < kLookups; ++i) EXPECT_EQ(looked[i], ENOENT) << "lookup " << i << ": " << errno_name(looked[i]);
+  EXPECT_EQ(counters["lookups_answered_by_dir_lease"], 0u);
+  EXPECT_EQ(counters["fuse_places"], 2u);
+  // Each of the two places' lookups gave its place on; the third took a new thread's place.
+  EXPECT_GE(counters["fuse_places_handed_on_unanswered"], 2u);
+  EXPECT_GE(counters["fuse_threads_started"], 3u);
+  EXPECT_LE(counters["fuse_threads_started"], 8u);
+  fd.reset();  // an open file keeps the mount busy
+  ASSERT_TRUE(cluster.down());
 }
 
 // keep_cache: the first open after a file changed has the kernel drop its pages, and once that

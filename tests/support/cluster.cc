@@ -562,10 +562,7 @@ std::string Cluster::log_tails(int lines) const {
       argv.insert(argv.end(), {"--data-servers", std::to_string(options_.data_servers),
                                "--port-base", std::to_string(port_base_)});
     }
-    std::vector<std::string> env = {"PENSTOCK_BUILD=" + build_dir()};
-    if (!options_.meta_args.empty()) env.push_back("PENSTOCK_META_ARGS=" + options_.meta_args);
-    if (!options_.data_args.empty()) env.push_back("PENSTOCK_DATA_ARGS=" + options_.data_args);
-    r = run_command(argv, 180, env);
+    r = run_command(argv, 180, command_env());
     if (r.exit_code == 0) {
       break;
     }
@@ -598,13 +595,19 @@ std::string Cluster::log_tails(int lines) const {
   return ::testing::AssertionSuccess();
 }
 
+std::vector<std::string> Cluster::command_env() const {
+  std::vector<std::string> env = {"PENSTOCK_BUILD=" + build_dir()};
+  if (!options_.meta_args.empty()) env.push_back("PENSTOCK_META_ARGS=" + options_.meta_args);
+  if (!options_.data_args.empty()) env.push_back("PENSTOCK_DATA_ARGS=" + options_.data_args);
+  if (!options_.mount_args.empty()) env.push_back("PENSTOCK_MOUNT_ARGS=" + options_.mount_args);
+  return env;
+}
+
 ::testing::AssertionResult Cluster::restart_meta(bool crash) {
   if (!running_) return ::testing::AssertionFailure() << "restart_meta: the cluster is not running";
   std::vector<std::string> argv = {local_cluster_script(), "restart-meta", "--state", state_};
   if (crash) argv.push_back("--kill");
-  std::vector<std::string> env = {"PENSTOCK_BUILD=" + build_dir()};
-  if (!options_.meta_args.empty()) env.push_back("PENSTOCK_META_ARGS=" + options_.meta_args);
-  CommandResult r = run_command(argv, 60, env);
+  CommandResult r = run_command(argv, 60, command_env());
   if (r.exit_code != 0) {
     return ::testing::AssertionFailure() << "local-cluster restart-meta failed (exit " << r.exit_code
                                          << (r.timed_out ? ", timed out" : "") << "):\n"
@@ -616,7 +619,7 @@ std::string Cluster::log_tails(int lines) const {
 
 ::testing::AssertionResult Cluster::start_mount(const std::string& path) {
   CommandResult r = run_command({local_cluster_script(), "mount", "--state", state_, "--mount", path},
-                                120, {"PENSTOCK_BUILD=" + build_dir()});
+                                120, command_env());
   if (r.exit_code != 0) {
     return ::testing::AssertionFailure() << "local-cluster mount " << path << " failed (exit "
                                          << r.exit_code << "):\n"

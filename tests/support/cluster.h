@@ -62,6 +62,7 @@ struct ClusterOptions {
   int data_servers = 3;
   std::string meta_args;  // extra penstock-meta flags (local-cluster's PENSTOCK_META_ARGS)
   std::string data_args;  // extra flags of every penstock-data (local-cluster's PENSTOCK_DATA_ARGS)
+  std::string mount_args;  // extra flags of every penstock-mount (local-cluster's PENSTOCK_MOUNT_ARGS)
   // Runs once, before the first up(), with the (empty) state directory already made: e.g. to
   // mount a small file system at state/dataK, local-cluster's target of data server K. Whatever
   // it mounts, the test unmounts after down().
@@ -111,6 +112,8 @@ class Cluster {
   ::testing::AssertionResult start_mount(const std::string& path);
   // Sanitizer reports in the logs since the last scan; "" if none.
   std::string new_sanitizer_reports();
+  // The environment of every local-cluster command: the build and the options' extra flags.
+  std::vector<std::string> command_env() const;
 
   ClusterOptions options_;
   std::string dir_;    // mkdtemp directory owning everything below

@@ -237,13 +237,20 @@ TEST(WorkerPoolTest, ARequestAboutToWaitLongHandsItsPlaceOn) {
   EXPECT_EQ(st.threads, 2u);
 }
 
+// Also: the pool counts where options.counters points (the mount's user.penstock.stats reads
+// them there while requests are served).
 TEST(WorkerPoolTest, ARequestUnansweredPastTheStallTimeHandsItsPlaceOn) {
   FakeRequests requests;
-  RunningPool running(requests, options(1, 4, 5ms));
+  WorkerPoolCounters counters;
+  WorkerPoolOptions o = options(1, 4, 5ms);
+  o.counters = &counters;
+  RunningPool running(requests, o);
   Release release;
   ASSERT_TRUE(start_waiting(requests, release.future(), Wait::kSilent));
   EXPECT_TRUE(served(requests));
-  EXPECT_GE(running.pool().stats().stalls, 1u);
+  EXPECT_GE(counters.stalls.load(), 1u);
+  EXPECT_GE(counters.threads.load(), 2u);
+  EXPECT_EQ(running.pool().stats().stalls, counters.stalls.load());
 }
 
 TEST(WorkerPoolTest, AThreadBackFromALongWaitParksWhileThePlacesAreTaken) {
