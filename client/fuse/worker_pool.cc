@@ -7,8 +7,8 @@
 #include <cerrno>
 #include <system_error>
 
-#include "common/base/log.h"
 #include "client/fuse/wake_signal.h"
+#include "common/base/log.h"
 #include "common/base/long_wait.h"
 
 namespace penstock::fuse {
@@ -100,13 +100,14 @@ void WorkerPool::on_long_wait(void* arg) {
   auto* w = static_cast<Worker*>(arg);
   WorkerPool* pool = w->pool;
   std::lock_guard<std::mutex> lock(pool->mu_);
-  if (pool->give_place(w)) pool->counters_->long_waits.fetch_add(1, std::memory_order_relaxed);
+  pool->give_place(w, pool->counters_->long_waits);
 }
 
-bool WorkerPool::give_place(Worker* w) {
+bool WorkerPool::give_place(Worker* w, std::atomic<uint64_t>& count) {
   if (stopping_.load(std::memory_order_relaxed) || w->placeless.load(std::memory_order_relaxed)) return false;
   if (!can_fill()) return false;  // no thread to take it: the place stays with `w`
   w->placeless.store(true, std::memory_order_release);
+  count.fetch_add(1, std::memory_order_relaxed);
   fill_place();  // the place moves on; places_ stays
   return true;
 }
@@ -126,9 +127,11 @@ void WorkerPool::fill_place() {
   if (static_cast<int>(workers_.size()) < options_.max_threads) {
     auto w = std::make_unique<Worker>();
     w->pool = this;
+    counters_->threads.fetch_add(1, std::memory_order_relaxed);  // before it can serve anything
     try {
       w->thread = std::thread([this, p = w.get()] { work(p); });
     } catch (const std::system_error& e) {
+      counters_->threads.fetch_sub(1, std::memory_order_relaxed);
       if (!start_failed_) {
         PENSTOCK_LOG(Warn) << "FUSE: cannot start another worker thread (" << e.what() << "); the "
                            << workers_.size() << " running serve every request";
@@ -138,7 +141,6 @@ void WorkerPool::fill_place() {
       return;
     }
     ++live_;
-    counters_->threads.fetch_add(1, std::memory_order_relaxed);
     workers_.push_back(std::move(w));
     return;
   }
@@ -231,7 +233,7 @@ void WorkerPool::watch() {
     // Still the same request? Its worker may have just answered it and gone back to receive().
     int64_t expected = since;
     if (!oldest->serving_since.compare_exchange_strong(expected, kHandedOn, std::memory_order_acq_rel)) continue;
-    if (give_place(oldest)) counters_->stalls.fetch_add(1, std::memory_order_relaxed);
+    give_place(oldest, counters_->stalls);
   }
 }
 

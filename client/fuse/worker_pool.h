@@ -94,8 +94,9 @@ class WorkerPool {
 
   void work(Worker* w);
   static void on_long_wait(void* arg);
-  // Gives `w`'s place to another thread; false when it had none to give. mu_ held.
-  bool give_place(Worker* w);
+  // Gives `w`'s place to another thread, counted in `count` before that thread can run (so a
+  // request it serves never sees the counter behind); false when it had none to give. mu_ held.
+  bool give_place(Worker* w, std::atomic<uint64_t>& count);
   // Puts a counted place to use: wakes the thread parked last or starts one. mu_ held.
   void fill_place();
   // Whether fill_place() has a thread to give a place to. mu_ held.

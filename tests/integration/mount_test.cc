@@ -653,6 +653,17 @@ ClusterOptions two_places() {
   return options;
 }
 
+// Sends SIGCONT to every process it holds when it goes, so that a test failing halfway leaves no
+// server stopped.
+struct ResumeOnExit {
+  std::vector<pid_t> pids;
+  void resume() {
+    for (pid_t pid : pids) kill(pid, SIGCONT);
+    pids.clear();
+  }
+  ~ResumeOnExit() { resume(); }
+};
+
 // Data servers that stop answering hold only the requests that wait for them: three cold reads
 // on stopped data servers, a mount with two places (--active-threads 2), and a mkdir, a stat and a
 // listing beside the reads are answered while they wait (a read either gives its place on, the
@@ -684,7 +695,11 @@ TEST_F(MountTest, ReadsWaitingOnStoppedDataServersLeaveTheMountServing) {
     ASSERT_GT(pid, 0) << "no pid recorded for data" << k;
     data_servers.push_back(pid);
   }
-  for (pid_t pid : data_servers) ASSERT_EQ(kill(pid, SIGSTOP), 0) << errno_name(errno);
+  ResumeOnExit stopped;
+  for (pid_t pid : data_servers) {
+    stopped.pids.push_back(pid);
+    ASSERT_EQ(kill(pid, SIGSTOP), 0) << errno_name(errno);
+  }
   std::vector<std::string> got(kReaders, std::string(kReadSize, '\0'));
   std::vector<ssize_t> read_n(kReaders, -1);
   std::vector<int> read_errno(kReaders, 0);
@@ -712,7 +727,7 @@ TEST_F(MountTest, ReadsWaitingOnStoppedDataServersLeaveTheMountServing) {
     beside_done.set_value(names == kReaders + 1 ? "" : "the listing gave " + std::to_string(names) + " names");
   });
   const bool answered = beside.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
-  for (pid_t pid : data_servers) kill(pid, SIGCONT);
+  stopped.resume();
   meta_ops.join();
   for (std::thread& t : readers) t.join();
   EXPECT_TRUE(answered) << "a mkdir, a stat and a listing waited behind reads on stopped data servers";
@@ -743,6 +758,7 @@ TEST_F(MountTest, LookupsWaitingOnAStoppedMetaServerGiveTheirPlacesOn) {
   ASSERT_GE(fd.get(), 0) << errno_name(errno);
   const pid_t meta = cluster.pid_of("meta");
   ASSERT_GT(meta, 0) << "no meta pid recorded";
+  ResumeOnExit stopped{{meta}};
   ASSERT_EQ(kill(meta, SIGSTOP), 0) << errno_name(errno);
   constexpr int kLookups = 3;
   std::vector<int> looked(kLookups, 0);
@@ -753,11 +769,16 @@ TEST_F(MountTest, LookupsWaitingOnAStoppedMetaServerGiveTheirPlacesOn) {
       looked[i] = stat((root + "/asked/never-made-" + std::to_string(i)).c_str(), &st) == 0 ? 0 : errno;
     });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // every lookup waits on penstock-meta
   std::promise<std::string> beside_done;
   std::future<std::string> beside = beside_done.get_future();
   std::map<std::string, uint64_t> counters;
   std::thread beside_ops([&] {
+    // Until the lookups are in: two places each given on by a lookup unanswered for 2 ms (the
+    // getxattr that asks is served by a place given on, or waits with the rest).
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(4);
+    while (mount_counters(root)["fuse_places_handed_on_unanswered"] < 2 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     std::string back(data.size(), '\0');
     const ssize_t n = pread(fd.get(), back.data(), back.size(), 0);
     if (n != static_cast<ssize_t>(data.size()) || back != data) {
@@ -766,8 +787,8 @@ TEST_F(MountTest, LookupsWaitingOnAStoppedMetaServerGiveTheirPlacesOn) {
     counters = mount_counters(root);
     beside_done.set_value("");
   });
-  const bool answered = beside.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
-  kill(meta, SIGCONT);
+  const bool answered = beside.wait_for(std::chrono::seconds(6)) == std::future_status::ready;
+  stopped.resume();
   beside_ops.join();
   for (std::thread& t : lookups) t.join();
   EXPECT_TRUE(answered) << "a read and a getxattr waited behind lookups on a stopped penstock-meta";

@@ -62,7 +62,9 @@ struct ClusterOptions {
   int data_servers = 3;
   std::string meta_args;  // extra penstock-meta flags (local-cluster's PENSTOCK_META_ARGS)
   std::string data_args;  // extra flags of every penstock-data (local-cluster's PENSTOCK_DATA_ARGS)
-  std::string mount_args;  // extra flags of every penstock-mount (local-cluster's PENSTOCK_MOUNT_ARGS)
+  // Extra flags of every penstock-mount (local-cluster's PENSTOCK_MOUNT_ARGS); when set, they
+  // replace whatever PENSTOCK_MOUNT_ARGS the test runs with (a suite's --fuse-uring, say).
+  std::string mount_args;
   // Runs once, before the first up(), with the (empty) state directory already made: e.g. to
   // mount a small file system at state/dataK, local-cluster's target of data server K. Whatever
   // it mounts, the test unmounts after down().
