@@ -5,9 +5,11 @@
 //   penstock df [--meta HOST:PORT]
 //   penstock scrub [--meta HOST:PORT] [--dry-run] [--timeout-s N]
 //   penstock stats [--meta HOST:PORT] [--interval S] [--methods] [--json]
+//   penstock stats --mount PATH [--interval S] [--json]
 // `layout` works on a mounted path through the virtual xattr user.penstock.layout (served by
 // penstock-mount); `status`, `df` and `scrub` talk to penstock-meta directly, without a session,
-// `stats` to penstock-meta for its counters and the cluster map, then to every online data server.
+// `stats` to penstock-meta for its counters and the cluster map, then to every online data server
+// (with --mount, it reads one mount's counters through its virtual xattr user.penstock.stats).
 #include <sys/xattr.h>
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -57,21 +60,27 @@ std::string xattr_error(const std::string& path, int err) {
   return msg;
 }
 
-int layout_get(const std::string& path) {
-  const std::string name(kLayoutXattr);
+// The value of xattr `name` of `path`, however long. Errors: kIo with xattr_error()'s message.
+penstock::Result<std::string> read_xattr(const std::string& path, std::string_view name_view) {
+  const std::string name(name_view);
   std::string value(256, '\0');
   for (;;) {
     ssize_t n = getxattr(path.c_str(), name.c_str(), value.data(), value.size());
     if (n >= 0) {
       value.resize(static_cast<size_t>(n));
-      break;
+      return value;
     }
-    if (errno != ERANGE) return fail(xattr_error(path, errno));
+    if (errno != ERANGE) return penstock::Status(penstock::Code::kIo, xattr_error(path, errno));
     ssize_t need = getxattr(path.c_str(), name.c_str(), nullptr, 0);
-    if (need < 0) return fail(xattr_error(path, errno));
+    if (need < 0) return penstock::Status(penstock::Code::kIo, xattr_error(path, errno));
     value.assign(static_cast<size_t>(need) + 1, '\0');
   }
-  std::printf("%s\n", value.c_str());
+}
+
+int layout_get(const std::string& path) {
+  auto value = read_xattr(path, kLayoutXattr);
+  if (!value.has_value()) return fail(value.error().message());
+  std::printf("%s\n", value->c_str());
   return 0;
 }
 
@@ -488,6 +497,65 @@ int stats(const std::string& meta, double interval_s, bool json, bool methods) {
   return print_stats(meta, difference(*first, std::move(*second)), json, methods);
 }
 
+// A mount's counters now (user.penstock.stats on `path`, any path on the mount).
+penstock::Result<std::vector<penstock::client::ParsedCounter>> mount_counters(const std::string& path) {
+  PENSTOCK_ASSIGN_OR_RETURN(std::string text, read_xattr(path, penstock::client::kStatsXattr));
+  auto parsed = penstock::client::parse_counters(text);
+  if (!parsed.has_value()) return std::move(parsed).error().with_context(path + ": user.penstock.stats");
+  return parsed;
+}
+
+// `penstock stats --mount PATH`: the mount's counters since it started, or with `interval_s` what
+// changed over that many seconds (per second in the table; JSON gives the change and the seconds).
+// Levels (is_level_counter) are shown as they are at the end.
+int mount_stats(const std::string& path, double interval_s, bool json) {
+  auto first = mount_counters(path);
+  if (!first.has_value()) return fail(first.error().message());
+  std::vector<penstock::client::ParsedCounter> shown = std::move(*first);
+  if (interval_s > 0) {
+    const auto start = std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(interval_s * 1000)));
+    auto second = mount_counters(path);
+    if (!second.has_value()) return fail(second.error().message());
+    interval_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::vector<penstock::client::ParsedCounter> before = std::move(shown);
+    shown = std::move(*second);
+    for (penstock::client::ParsedCounter& c : shown) {
+      if (penstock::client::is_level_counter(c.name)) continue;
+      auto was = std::find_if(before.begin(), before.end(), [&](const auto& b) { return b.name == c.name; });
+      if (was == before.end()) continue;  // new in the second reading: counted from 0
+      if (was->value > c.value) {
+        return fail(path + ": " + c.name + " went back from " + std::to_string(was->value) + " to " +
+                    std::to_string(c.value) + " (was the mount restarted?); run it again");
+      }
+      c.value -= was->value;
+    }
+  }
+  if (json) {
+    for (const auto& c : shown) {
+      const bool level = penstock::client::is_level_counter(c.name);
+      std::printf("{\"mount\":%s,\"counter\":%s,", json_string(path).c_str(), json_string(c.name).c_str());
+      if (interval_s > 0 && !level) {
+        std::printf("\"change\":%llu,\"interval_s\":%.3f}\n", static_cast<Ull>(c.value), interval_s);
+      } else {
+        std::printf("\"value\":%llu%s}\n", static_cast<Ull>(c.value), level ? ",\"level\":true" : "");
+      }
+    }
+    return 0;
+  }
+  if (interval_s > 0) {
+    std::printf("mount %s: per second over %.1f s (levels: now)\n", path.c_str(), interval_s);
+  } else {
+    std::printf("mount %s: since it started (levels: now)\n", path.c_str());
+  }
+  for (const auto& c : shown) {
+    const bool level = penstock::client::is_level_counter(c.name);
+    std::printf("  %-42s %14s%s\n", c.name.c_str(), count_text(c.value, level ? 0 : interval_s).c_str(),
+                level ? "  (level)" : "");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -531,7 +599,8 @@ int main(int argc, char** argv) {
   bool methods = false;
   auto* stc = app.add_subcommand(
       "stats", "show what the servers handled: the meta server's requests per method, each data server's targets "
-               "(reads, bytes, how reads went: sequential, O_DIRECT, sent unread; writes; errors)");
+               "(reads, bytes, how reads went: sequential, O_DIRECT, sent unread; writes; errors); with --mount, "
+               "one mount's counters");
   stc->add_option("--meta", meta, "penstock-meta address host:port")->capture_default_str();
   stc->add_option("--interval", interval_s,
                   "seconds to watch (0.1 to 86400): what changed over them, per second in the table, as differences "
@@ -545,7 +614,12 @@ int main(int argc, char** argv) {
         }
         return "";
       });
-  stc->add_flag("--methods", methods, "the data servers' requests per method too");
+  std::string mount_path;
+  auto* methods_flag = stc->add_flag("--methods", methods, "the data servers' requests per method too");
+  stc->add_option("--mount", mount_path,
+                  "a penstock mount (any path on it): show that mount's counters (user.penstock.stats: chunk cache, "
+                  "open tickets, directory leases, creates behind, FUSE loop) instead of the servers'")
+      ->excludes(methods_flag);
   stc->add_flag("--json", json, "one JSON object per line (a target, or a server's method) instead of tables");
 
   CLI11_PARSE(app, argc, argv);
@@ -554,6 +628,6 @@ int main(int argc, char** argv) {
   if (st->parsed()) return status(meta);
   if (dfc->parsed()) return df(meta);
   if (scc->parsed()) return scrub(meta, dry_run, timeout_s);
-  if (stc->parsed()) return stats(meta, interval_s, json, methods);
+  if (stc->parsed()) return mount_path.empty() ? stats(meta, interval_s, json, methods) : mount_stats(mount_path, interval_s, json);
   return fail("no command given; see --help");
 }

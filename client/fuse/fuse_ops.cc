@@ -226,7 +226,8 @@ void reply_xattr_bytes(fuse_req_t req, const std::string& value, size_t size, co
   }
 }
 
-// The mount's counters (user.penstock.stats, and the log line at unmount).
+// The mount's counters (user.penstock.stats, and the log line at unmount). A new level (how much
+// there is now, not how often) goes into client::is_level_counter() too.
 std::vector<client::Counter> mount_counters(const MountState& state) {
   const Client& c = *state.client;
   const WorkerPoolStats workers = state.fuse_workers.load();

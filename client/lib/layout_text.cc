@@ -56,6 +56,43 @@ size_t max_counters_size(std::span<const Counter> counters) {
   return n;
 }
 
+Result<std::vector<ParsedCounter>> parse_counters(std::string_view text) {
+  std::vector<ParsedCounter> out;
+  size_t line_no = 0;
+  while (!text.empty()) {
+    const size_t eol = text.find('\n');
+    const std::string_view line = text.substr(0, eol);
+    text.remove_prefix(eol == std::string_view::npos ? text.size() : eol + 1);
+    ++line_no;
+    if (line.empty()) continue;
+    auto bad = [&](const char* why) {
+      return invalid("counter line " + std::to_string(line_no) + " '" + std::string(line.substr(0, 80)) + "': " + why);
+    };
+    const size_t space = line.find(' ');
+    if (space == 0 || space == std::string_view::npos || space + 1 == line.size()) return bad("not NAME VALUE");
+    const std::string_view name = line.substr(0, space);
+    const std::string_view digits = line.substr(space + 1);
+    for (const char c : name) {
+      if (!(std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '_')) {
+        return bad("a name is made of a-z, 0-9 and _");
+      }
+    }
+    uint64_t value = 0;
+    for (const char c : digits) {
+      if (!std::isdigit(static_cast<unsigned char>(c))) return bad("the value is not a decimal number");
+      const uint64_t digit = static_cast<uint64_t>(c - '0');
+      if (value > (std::numeric_limits<uint64_t>::max() - digit) / 10) return bad("the value passes 2^64-1");
+      value = value * 10 + digit;
+    }
+    out.push_back({std::string(name), value});
+  }
+  return out;
+}
+
+bool is_level_counter(std::string_view name) {
+  return name == "cache_bytes" || name == "cache_blocks" || name == "fuse_places";
+}
+
 Result<uint64_t> parse_size(std::string_view text) {
   const std::string shown(text);
   size_t i = 0;

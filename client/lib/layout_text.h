@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/base/result.h"
 #include "common/proto/types.h"
@@ -39,6 +40,20 @@ std::string format_counters(std::span<const Counter> counters);
 // The longest text format_counters() can give for these names (every value at 20 digits): the
 // size a getxattr probe is told, so the read that follows fits although the counters moved on.
 size_t max_counters_size(std::span<const Counter> counters);
+
+// One counter read back from format_counters()'s text.
+struct ParsedCounter {
+  std::string name;
+  uint64_t value = 0;
+};
+// Reads format_counters()'s text back, in its order. Errors: kInvalid naming the first line that
+// is not "NAME VALUE" (NAME of [a-z0-9_], VALUE decimal and at most UINT64_MAX).
+Result<std::vector<ParsedCounter>> parse_counters(std::string_view text);
+// Whether a mount counter is a level, how much there is now (the chunk cache's bytes and blocks,
+// the FUSE loop's places), rather than a count of what happened since the mount started:
+// `penstock stats --mount --interval` shows levels as they are and counts as rates.
+// Keep in step with mount_counters() (client/fuse/fuse_ops.cc).
+bool is_level_counter(std::string_view name);
 
 // A parsed `set` request: the keys that were given. At least one is present.
 struct LayoutSpec {

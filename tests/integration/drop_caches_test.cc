@@ -259,6 +259,52 @@ TEST_F(DropCachesTest, StatsShowEveryTargetAndReportAServerThatDoesNotAnswer) {
 // `penstock stats --interval` across a restart of penstock-meta: the meta server gets no rates (its
 // counters started again; the instance number in its answer tells), the data servers do, and the
 // command says which and exits 1.
+// `penstock stats --mount`: the mount's counters by name (a cold read counts misses), as JSON
+// lines, and over an interval in which nothing happens no change, while the levels (the cache's
+// bytes, the FUSE loop's places) keep their values. A path off any penstock mount says so.
+TEST_F(DropCachesTest, StatsOfAMountShowItsCountersAndWhatChanged) {
+  const std::string penstock = build_dir() + "/tools/penstock";
+  const std::string mnt = cluster_.mount_path();
+  const std::string file = mnt + "/counted-by-the-mount.bin";
+  const std::string data = pattern(3u << 20, 0, 44);
+  ASSERT_TRUE(write_file(file, data));
+  ASSERT_EQ(::setxattr(mnt.c_str(), kDropXattr, "1", 1, 0), 0) << errno_name(errno);
+  std::string back;
+  ASSERT_TRUE(read_file(file, &back));
+  EXPECT_TRUE(same_bytes(data, back));
+
+  CommandResult r = run_command({penstock, "stats", "--mount", mnt}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("mount " + mnt + ": since it started"), std::string::npos) << r.output;
+  for (const char* name : {"cache_misses", "cache_bytes", "open_tickets_taken", "fuse_places", "fuse_threads_started"}) {
+    EXPECT_NE(r.output.find(std::string("  ") + name + " "), std::string::npos) << name << "\n" << r.output;
+  }
+
+  r = run_command({penstock, "stats", "--mount", mnt, "--json"}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_GT(stats_sum(stats_lines(r.output, "\"counter\":\"cache_misses\""), "value"), 0) << r.output;
+  EXPECT_GT(stats_sum(stats_lines(r.output, "\"counter\":\"fuse_threads_started\""), "value"), 0) << r.output;
+  const int64_t places = stats_sum(stats_lines(r.output, "\"counter\":\"fuse_places\""), "value");
+  EXPECT_GT(places, 0) << r.output;
+  const int64_t cached = stats_sum(stats_lines(r.output, "\"counter\":\"cache_bytes\""), "value");
+  EXPECT_GT(cached, 0) << r.output;
+
+  r = run_command({penstock, "stats", "--mount", mnt, "--json", "--interval", "0.5"}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto misses = stats_lines(r.output, "\"counter\":\"cache_misses\"");
+  ASSERT_EQ(misses.size(), 1u) << r.output;
+  EXPECT_EQ(stats_sum(misses, "change"), 0) << r.output;
+  EXPECT_NE(misses[0].find("\"interval_s\":"), std::string::npos) << r.output;
+  EXPECT_EQ(stats_sum(stats_lines(r.output, "\"counter\":\"fuse_places\""), "value"), places) << r.output;
+  EXPECT_EQ(stats_sum(stats_lines(r.output, "\"counter\":\"cache_bytes\""), "value"), cached) << r.output;
+
+  r = run_command({penstock, "stats", "--mount", cluster_.temp_dir()}, 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("is it on a penstock mount?"), std::string::npos) << r.output;
+  r = run_command({penstock, "stats", "--mount", mnt, "--methods"}, 60);
+  EXPECT_NE(r.exit_code, 0) << "--methods is for the servers' counters:\n" << r.output;
+}
+
 TEST_F(DropCachesTest, StatsIntervalAcrossAMetaRestartGivesItNoRates) {
   const std::string penstock = build_dir() + "/tools/penstock";
   ASSERT_TRUE(write_file(cluster_.mount_path() + "/before-restart", "x"));

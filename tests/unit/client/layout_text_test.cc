@@ -110,5 +110,32 @@ TEST(MountCounters, OneLinePerCounterAndAProbeSizeNoValueOutgrows) {
   EXPECT_EQ(format_counters(counters).size(), probe);
 }
 
+// What `penstock stats --mount` reads back: the same counters in the same order; a line that is
+// not "name value" is an error that names it.
+TEST(MountCounters, ParseReadsFormattedCountersBackAndNamesABadLine) {
+  std::vector<Counter> counters{{"cache_hits", 12}, {"fuse_places", 8}, {"big", UINT64_MAX}};
+  auto back = parse_counters(format_counters(counters));
+  ASSERT_TRUE(back.has_value()) << back.error().to_string();
+  ASSERT_EQ(back->size(), 3u);
+  EXPECT_EQ((*back)[0].name, "cache_hits");
+  EXPECT_EQ((*back)[0].value, 12u);
+  EXPECT_EQ((*back)[1].name, "fuse_places");
+  EXPECT_EQ((*back)[2].value, UINT64_MAX);
+  EXPECT_TRUE(parse_counters("").value().empty());
+  EXPECT_EQ(parse_counters("a 1\n\nb 2").value().size(), 2u);  // blank lines and no final newline
+  for (const char* text : {"cache_hits\n", "cache_hits \n", " 12\n", "cache_hits 12x\n", "Cache 1\n",
+                           "a-b 1\n", "cache_hits 18446744073709551616\n", "cache_hits -1\n", "a 1 2\n"}) {
+    auto r = parse_counters(std::string("ok 1\n") + text);
+    ASSERT_FALSE(r.has_value()) << "'" << text << "' parsed";
+    EXPECT_EQ(r.error().code(), Code::kInvalid) << text;
+    EXPECT_NE(r.error().message().find("line 2"), std::string::npos) << r.error().message();
+  }
+  EXPECT_TRUE(is_level_counter("cache_bytes"));
+  EXPECT_TRUE(is_level_counter("cache_blocks"));
+  EXPECT_TRUE(is_level_counter("fuse_places"));
+  EXPECT_FALSE(is_level_counter("cache_hits"));
+  EXPECT_FALSE(is_level_counter("fuse_threads_started"));
+}
+
 }  // namespace
 }  // namespace penstock::client
