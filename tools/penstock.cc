@@ -60,20 +60,21 @@ std::string xattr_error(const std::string& path, int err) {
   return msg;
 }
 
-// The value of xattr `name` of `path`, however long. Errors: kIo with xattr_error()'s message.
+// The value of xattr `name` of `path`, however long: its size, then the value (again if it grew
+// meanwhile). Errors: kIo with xattr_error()'s message.
 penstock::Result<std::string> read_xattr(const std::string& path, std::string_view name_view) {
   const std::string name(name_view);
-  std::string value(256, '\0');
+  std::string value;
   for (;;) {
-    ssize_t n = getxattr(path.c_str(), name.c_str(), value.data(), value.size());
+    const ssize_t need = getxattr(path.c_str(), name.c_str(), nullptr, 0);
+    if (need < 0) return penstock::Status(penstock::Code::kIo, xattr_error(path, errno));
+    value.assign(static_cast<size_t>(need) + 1, '\0');
+    const ssize_t n = getxattr(path.c_str(), name.c_str(), value.data(), value.size());
     if (n >= 0) {
       value.resize(static_cast<size_t>(n));
       return value;
     }
     if (errno != ERANGE) return penstock::Status(penstock::Code::kIo, xattr_error(path, errno));
-    ssize_t need = getxattr(path.c_str(), name.c_str(), nullptr, 0);
-    if (need < 0) return penstock::Status(penstock::Code::kIo, xattr_error(path, errno));
-    value.assign(static_cast<size_t>(need) + 1, '\0');
   }
 }
 
@@ -601,7 +602,7 @@ int main(int argc, char** argv) {
       "stats", "show what the servers handled: the meta server's requests per method, each data server's targets "
                "(reads, bytes, how reads went: sequential, O_DIRECT, sent unread; writes; errors); with --mount, "
                "one mount's counters");
-  stc->add_option("--meta", meta, "penstock-meta address host:port")->capture_default_str();
+  auto* stats_meta = stc->add_option("--meta", meta, "penstock-meta address host:port")->capture_default_str();
   stc->add_option("--interval", interval_s,
                   "seconds to watch (0.1 to 86400): what changed over them, per second in the table, as differences "
                   "with the seconds they cover in JSON (0: totals since each server started)")
@@ -616,11 +617,17 @@ int main(int argc, char** argv) {
       });
   std::string mount_path;
   auto* methods_flag = stc->add_flag("--methods", methods, "the data servers' requests per method too");
-  stc->add_option("--mount", mount_path,
-                  "a penstock mount (any path on it): show that mount's counters (user.penstock.stats: chunk cache, "
-                  "open tickets, directory leases, creates behind, FUSE loop) instead of the servers'")
-      ->excludes(methods_flag);
-  stc->add_flag("--json", json, "one JSON object per line (a target, or a server's method) instead of tables");
+  auto* stats_mount =
+      stc->add_option("--mount", mount_path,
+                      "a penstock mount (any path on it): show that mount's counters (user.penstock.stats: chunk "
+                      "cache, open tickets, directory leases, creates behind, FUSE loop) instead of the servers'")
+          ->excludes(methods_flag)
+          ->excludes(stats_meta)
+          ->check([](const std::string& text) -> std::string {
+            return text.empty() ? "--mount needs a path on a penstock mount" : "";
+          });
+  stc->add_flag("--json", json,
+                "one JSON object per line (a target, or a server's method; with --mount, a counter) instead of tables");
 
   CLI11_PARSE(app, argc, argv);
   if (lget->parsed()) return layout_get(get_path);
@@ -628,6 +635,8 @@ int main(int argc, char** argv) {
   if (st->parsed()) return status(meta);
   if (dfc->parsed()) return df(meta);
   if (scc->parsed()) return scrub(meta, dry_run, timeout_s);
-  if (stc->parsed()) return mount_path.empty() ? stats(meta, interval_s, json, methods) : mount_stats(mount_path, interval_s, json);
+  if (stc->parsed()) {
+    return stats_mount->count() > 0 ? mount_stats(mount_path, interval_s, json) : stats(meta, interval_s, json, methods);
+  }
   return fail("no command given; see --help");
 }

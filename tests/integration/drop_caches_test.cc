@@ -256,9 +256,6 @@ TEST_F(DropCachesTest, StatsShowEveryTargetAndReportAServerThatDoesNotAnswer) {
   EXPECT_NE(r.output.find("gave no counters"), std::string::npos) << r.output;
 }
 
-// `penstock stats --interval` across a restart of penstock-meta: the meta server gets no rates (its
-// counters started again; the instance number in its answer tells), the data servers do, and the
-// command says which and exits 1.
 // `penstock stats --mount`: the mount's counters by name (a cold read counts misses), as JSON
 // lines, and over an interval in which nothing happens no change, while the levels (the cache's
 // bytes, the FUSE loop's places) keep their values. A path off any penstock mount says so.
@@ -303,8 +300,44 @@ TEST_F(DropCachesTest, StatsOfAMountShowItsCountersAndWhatChanged) {
   EXPECT_NE(r.output.find("is it on a penstock mount?"), std::string::npos) << r.output;
   r = run_command({penstock, "stats", "--mount", mnt, "--methods"}, 60);
   EXPECT_NE(r.exit_code, 0) << "--methods is for the servers' counters:\n" << r.output;
+  r = run_command({penstock, "stats", "--mount", mnt, "--meta", cluster_.meta_addr()}, 60);
+  EXPECT_NE(r.exit_code, 0) << "--meta is for the servers' counters:\n" << r.output;
+  r = run_command({penstock, "stats", "--mount", ""}, 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("meta server"), std::string::npos) << "an empty --mount showed the servers:\n" << r.output;
 }
 
+// `penstock layout get|set` on a real mount: a new directory shows the default layout, a set one
+// what was set, and a file made in it that layout with its chains; a file's layout is not set, a
+// bad chunk size is refused with a reason, and a path off any mount says so.
+TEST_F(DropCachesTest, LayoutGetAndSetThroughTheCli) {
+  const std::string penstock = build_dir() + "/tools/penstock";
+  const std::string dir = cluster_.mount_path() + "/laid-out";
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0) << errno_name(errno);
+  CommandResult r = run_command({penstock, "layout", "get", dir}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("chunk_size=", 0), 0u) << r.output;
+  r = run_command({penstock, "layout", "set", dir, "--chunk-size", "1M", "--stripe-count", "2"}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "chunk_size=1048576 stripe_count=2\n");
+  ASSERT_TRUE(write_file(dir + "/f", "laid out"));
+  r = run_command({penstock, "layout", "get", dir + "/f"}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("chunk_size=1048576 stripe_count=2 chains=", 0), 0u) << r.output;
+  r = run_command({penstock, "layout", "set", dir + "/f", "--chunk-size", "1M"}, 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("layouts are set on directories"), std::string::npos) << r.output;
+  r = run_command({penstock, "layout", "set", dir, "--chunk-size", "3M"}, 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("layout set: "), std::string::npos) << r.output;
+  r = run_command({penstock, "layout", "get", cluster_.temp_dir()}, 60);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("is it on a penstock mount?"), std::string::npos) << r.output;
+}
+
+// `penstock stats --interval` across a restart of penstock-meta: the meta server gets no rates (its
+// counters started again; the instance number in its answer tells), the data servers do, and the
+// command says which and exits 1.
 TEST_F(DropCachesTest, StatsIntervalAcrossAMetaRestartGivesItNoRates) {
   const std::string penstock = build_dir() + "/tools/penstock";
   ASSERT_TRUE(write_file(cluster_.mount_path() + "/before-restart", "x"));
